@@ -10,7 +10,7 @@ Contract:
   an older state. It answers whether the row changed.
 - The table has a primary key (or unique constraint) on ``(team, project)`` and a ``revision``
   column; ``fields`` are those of ``BudgetUpdated`` a replica keeps (``FIELDS``, the default,
-  is every one): ``ValueError`` for a table that is no plain SQL name or a field that is none
+  or with ``OPTIONAL`` ones): ``ValueError`` for a table that is no plain SQL name or a field that is none
   of them, before anything is written.
 """
 
@@ -33,7 +33,11 @@ FIELDS: tuple[str, ...] = (
     "exhausted",
     "deleted",
 )
-"""The fields of a ``budget.updated`` besides its key (team, project) and revision."""
+"""The fields of a ``budget.updated`` besides its key (team, project) and revision that
+every replica may keep."""
+OPTIONAL: tuple[str, ...] = ("rates",)
+"""Fields a replica keeps only when it names them: ``rates`` (a JSON object in a ``jsonb``
+column, null when the state has none)."""
 _TABLE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 
@@ -47,11 +51,11 @@ async def keep(
     True when the row changed."""
     if not _TABLE.fullmatch(table):
         raise ValueError(f"table {table!r} is no plain SQL name")
-    unknown = [f for f in fields if f not in FIELDS]
+    unknown = [f for f in fields if f not in FIELDS + OPTIONAL]
     if unknown or not fields:
-        raise ValueError(f"fields {unknown or 'none'}: a replica keeps some of {FIELDS}")
+        raise ValueError(f"fields {unknown or 'none'}: a replica keeps some of {FIELDS + OPTIONAL}")
     columns = ["team", "project", *fields, "revision"]
-    values = [state.team, state.project or "", *(getattr(state, f) for f in fields)]
+    values = [state.team, state.project or "", *(_value(state, f) for f in fields)]
     updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in [*fields, "revision"])
     changed = await conn.fetchval(
         f"INSERT INTO {table} ({', '.join(columns)}) "
@@ -65,4 +69,10 @@ async def keep(
     return bool(changed)
 
 
-__all__ = ["FIELDS", "keep"]
+def _value(state: BudgetUpdated, field: str) -> object:
+    if field in OPTIONAL:
+        return state.model_dump(mode="json")[field]  # plain JSON values for a jsonb column
+    return getattr(state, field)
+
+
+__all__ = ["FIELDS", "OPTIONAL", "keep"]

@@ -10,7 +10,9 @@ Contract:
   consumer's inbox make each crossing said once, under any redelivery. Spending that goes
   down (a reversal) un-crosses nothing; when the entries lower it (an attempt's charges
   moved to the platform), each budget's state is said, so a budget they had exhausted is
-  said not to be. The state is also said whenever the current month's spending makes the
+  said not to be. A budget the scheduler reserves against (``budgets.reserves``) is said
+  after every bill of the current month while it was not said spent (``must_say``). The
+  state is also said whenever the current month's spending makes the
   budget's state other than what was last said of that month (``state_changed``),
   whatever its thresholds: a budget without a threshold of 100 %, or raised after its
   thresholds were crossed this month, is still said exhausted once spent; one said spent
@@ -21,7 +23,9 @@ Contract:
 - ``say_state(conn, budget, now, deleted=False)`` says a budget's state for the current
   month (after a change through the API, or a crossing): the amount, what is spent, whether
   it is exhausted (spent >= amount), its policy and ``on_exhausted``, with the next budget
-  revision.
+  revision; for a budget the scheduler reserves against, the ``rates`` it reserves at (the
+  book's highest prices per hour from ``now`` on). ``reserving(conn, now)`` says again the
+  state of every such budget, in a price change's transaction.
 - Every transaction that says a budget's state holds the budget's scope
   (``budgets_repository.lock``) from before it reads the budget until it commits: a bill,
   a change or deletion through the API, the accrual check. So states are said in turns,
@@ -39,11 +43,22 @@ from decimal import Decimal
 import asyncpg
 
 from trainyard_platform.services.billing import budgets_repository as repo
-from trainyard_platform.services.billing.budgets import Budget, month_label, month_start, reached
+from trainyard_platform.services.billing import catalogue_repository as catalogue
+from trainyard_platform.services.billing.budgets import (
+    Budget,
+    month_label,
+    month_start,
+    reached,
+    reserves,
+)
 from trainyard_platform.services.billing.ledger import LedgerEntry
 from trainyard_platform.shared import outbox
 from trainyard_platform.shared.events import Envelope, Payload
-from trainyard_platform.shared.events.payloads import BudgetThresholdCrossed, BudgetUpdated
+from trainyard_platform.shared.events.payloads import (
+    BudgetThresholdCrossed,
+    BudgetUpdated,
+    ReservationRates,
+)
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +92,7 @@ async def after_charges(
             continue
         crossed = await check(conn, budget, months, now)
         this_month = month_start(now) in months
-        if crossed or lowered or (this_month and await state_changed(conn, budget, now)):
+        if crossed or lowered or (this_month and await must_say(conn, budget, now)):
             await say_state(conn, budget, now)
 
 
@@ -92,6 +107,18 @@ async def state_changed(conn: asyncpg.Connection, budget: Budget, now: datetime)
     month = month_start(now)
     said = await repo.said_exhausted(conn, budget, month)
     return said != (await repo.spent(conn, budget, month, now) >= budget.amount)
+
+
+async def must_say(conn: asyncpg.Connection, budget: Budget, now: datetime) -> bool:
+    """Whether a bill of this month must say ``budget``'s state though it crossed nothing:
+    its state changed (``state_changed``), or the scheduler reserves against it
+    (``reserves``) and it was not said spent: the scheduler stops reserving an allocation's
+    worst case once it ends, and counts its bill from the state said after it
+    (docs/scheduling.md, "Budgets that hold queued jobs"). A budget said spent holds its
+    jobs whole; it is said again only when that changes."""
+    if await state_changed(conn, budget, now):
+        return True
+    return reserves(budget) and not await repo.said_exhausted(conn, budget, month_start(now))
 
 
 async def recheck(
@@ -167,11 +194,40 @@ async def say_state(
         deleted=deleted,
         revision=revision,
         on_exhausted=budget.on_exhausted,
+        rates=await rates(conn, now) if reserves(budget) and not deleted else None,
     )
     await _say(conn, state, budget.team, f"budget:{budget.team}:{budget.project or ''}:{revision}")
     if not deleted:
         await repo.mark_said(conn, budget, month, state.exhausted)
     return spent
+
+
+async def rates(conn: asyncpg.Connection, now: datetime) -> dict[str, ReservationRates]:
+    """What the scheduler reserves a job of each priced flavor at (``ReservationRates``):
+    the highest GPU, CPU and memory prices per hour from ``now`` on."""
+    book = await catalogue.schedule(conn)
+    return {
+        flavor: ReservationRates(
+            gpu_hour=_text(gpu), cpu_hour=_text(cpu), memory_gib_hour=_text(mem)
+        )
+        for flavor, (gpu, cpu, mem) in sorted(book.highest_from(now).items())
+    }
+
+
+def _text(price: Decimal) -> str:
+    return format(price.normalize(), "f") if price else "0"
+
+
+async def reserving(conn: asyncpg.Connection, now: datetime) -> None:
+    """Say again the state of every budget the scheduler reserves against (``reserves``),
+    after a change of the price book: the rates it reserves at are the book's. In the
+    change's transaction, holding each budget's scope (in turns with bills)."""
+    budgets = [b for b in await repo.of_teams(conn, None) if reserves(b)]
+    await repo.lock(conn, [(b.team, b.project) for b in budgets])
+    for budget in budgets:
+        current = await repo.get(conn, budget.team, budget.project)
+        if current is not None and reserves(current):
+            await say_state(conn, current, now)
 
 
 async def _say(conn: asyncpg.Connection, payload: Payload, subject: str, event_id: str) -> None:

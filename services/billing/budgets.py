@@ -116,6 +116,15 @@ class Budget:
     on_exhausted: BudgetOnExhausted = "finish"
 
 
+def reserves(budget: Budget) -> bool:
+    """Whether the scheduler reserves the worst case of each job of ``budget``'s team (or
+    project) against it: when its spent state holds queued jobs (policy ``refuse``, or
+    ``on_exhausted`` ``stop``; the scheduler's ``budget_holds.holds_queued``), so that jobs
+    started together cannot spend past it. Under ``warn`` or ``deprioritize`` with
+    ``finish`` a spent budget lets jobs run: it bounds nothing, and nothing is reserved."""
+    return budget.policy == "refuse" or budget.on_exhausted == "stop"
+
+
 def request_of(budget: Budget) -> dict[str, Any]:
     """The ``PUT`` body, as JSON values, that defines ``budget`` (what a patch applies to)."""
     return {

@@ -320,6 +320,9 @@ def governance_routes(
                 "effective_from": effective.isoformat(),
             }
             await audit.record(conn, principal, "put price", flavor, detail)
+            # The scheduler reserves jobs at the book's highest prices from now on: each
+            # budget it reserves against is said again with the changed book.
+            await budget_watch.reserving(conn, now)
             tag = price_tag(await catalogue.price_book_page(conn, flavor, now, None, None))
         view = PriceView(
             flavor=flavor,

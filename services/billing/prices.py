@@ -110,6 +110,30 @@ class PriceSchedule:
         i = bisect_right([d.effective_from for d in dated], at)
         return dated[i - 1].per_unit_hour if i else None
 
+    def highest_from(self, at: datetime) -> dict[str, tuple[Decimal, Decimal, Decimal]]:
+        """Per flavor with a GPU price in force at ``at`` or set for later: the highest GPU,
+        CPU and memory prices per hour from ``at`` on (the one in force then and every later
+        one; 0 for a resource never priced from then on). No job of the flavor started at
+        ``at`` or after is billed an hour of any of them at more."""
+        out: dict[str, tuple[Decimal, Decimal, Decimal]] = {}
+        for flavor, dated in self.by_flavor.items():
+            gpu = _highest([(d.effective_from, d.price.per_gpu_hour) for d in dated], at)
+            if gpu is None:
+                continue
+            cpu, memory = (
+                _highest(
+                    [
+                        (r.effective_from, r.per_unit_hour)
+                        for r in self.by_resource.get((flavor, k), ())
+                    ],
+                    at,
+                )
+                or Decimal(0)
+                for k in RESOURCES
+            )
+            out[flavor] = (gpu, cpu, memory)
+        return out
+
     def in_force(self, flavor: str, at: datetime) -> Price:
         """The flavor's price at ``at`` (``UnknownFlavor`` when none)."""
         dated = self.by_flavor.get(flavor, ())
@@ -188,6 +212,13 @@ class PriceSchedule:
         secs = Decimal(units) * duration_seconds(a, b)
         price = self.resource_in_force(flavor, resource, a)
         return secs, price, cost(secs, price) if price is not None else Decimal(0)
+
+
+def _highest(dated: Sequence[tuple[datetime, Decimal]], at: datetime) -> Decimal | None:
+    """The highest of the prices of ``dated`` (ascending dates) in force at ``at`` or later."""
+    i = bisect_right([d for d, _ in dated], at)
+    from_then = [p for _, p in dated[max(i - 1, 0) :]]
+    return max(from_then) if from_then else None
 
 
 def currency_refusal(

@@ -37,6 +37,21 @@ Contract:
   or the next UTC month). A job its user asked ``low`` for is told nothing of the budget,
   nor is one queued before the scheduler kept ``lowered_from`` (nothing says it was
   lowered).
+- Reservations (``reserving``, ``reservation``, ``fit``): a budget that holds queued jobs
+  once spent (``holds_queued``) and whose state carries billing's ``rates`` (the highest
+  price per hour of each flavor from then on) is never left to be overrun by jobs started
+  together before it is spent. Each job of its team (or project) is reserved its worst
+  case, ``max_runtime_seconds`` of its GPUs, CPUs and memory at those rates
+  (``reservation``), from its start until its allocations end. ``fit(queued, running,
+  reserves, order)`` keeps a queued job from the pass unless its reservation fits in what
+  is left of every budget that reserves for it: the amount, less what billing last said is
+  spent, less the reservations of its running jobs (counted whole: what they accrued is
+  counted twice until they end, so the budget errs on the side of waiting), less those of
+  the queued jobs before it (by ``order``) that fit. A job whose reservation does not fit
+  waits (``reservation_note_parts`` says why) until one ends, the budget is raised, or the
+  month ends. A flavor without a rate (billing has no price for it) is reserved 0, as it
+  is billed nothing until priced. A state of an earlier month reserves with nothing spent
+  in the new one.
 - ``budget_note_parts(hold, now)``: what a held job is told (``convert.budget_note`` makes
   its ``job.pending``): reason, blocking, suggestion and estimated start: which budget, what
   is spent of it this month, and until when it is held (the start of the next UTC month,
@@ -46,7 +61,9 @@ Contract:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from decimal import ROUND_CEILING, Decimal, InvalidOperation
 from typing import Any
 
 import asyncpg
@@ -80,14 +97,15 @@ def holds_queued(policy: str, on_exhausted: str) -> bool:
 
 async def apply_state(conn: asyncpg.Connection, state: BudgetUpdated) -> bool:
     """Keep ``state`` unless a newer one is kept already; True when the row changed."""
-    return await budget_states.keep(conn, "budget_states", state)
+    return await budget_states.keep(conn, "budget_states", state, (*budget_states.FIELDS, "rates"))
 
 
 async def load(conn: asyncpg.Connection) -> Sequence[Row]:
-    """The budget states that can hold jobs: exhausted and not deleted (any month)."""
+    """The budget states that can hold jobs (any month, not deleted): exhausted, or carrying
+    billing's ``rates`` (a budget that reserves)."""
     rows: Sequence[Row] = await conn.fetch(
-        "SELECT team, project, month, amount, spent, currency, policy, on_exhausted "
-        "FROM budget_states WHERE exhausted AND NOT deleted"
+        "SELECT team, project, month, amount, spent, currency, policy, on_exhausted, "
+        "exhausted, rates FROM budget_states WHERE NOT deleted AND (exhausted OR rates IS NOT NULL)"
     )
     return rows
 
@@ -98,7 +116,9 @@ def holding(rows: Iterable[Row], now: datetime) -> dict[tuple[str, str], Row]:
     return {
         (r["team"], r["project"]): r
         for r in rows
-        if r["month"] == month and holds_queued(r["policy"], r["on_exhausted"])
+        if r["month"] == month
+        and r.get("exhausted", True)
+        and holds_queued(r["policy"], r["on_exhausted"])
     }
 
 
@@ -124,6 +144,7 @@ def lowering(rows: Iterable[Row], now: datetime) -> dict[tuple[str, str], Row]:
         (r["team"], r["project"]): r
         for r in rows
         if r["month"] == month
+        and r.get("exhausted", True)
         and r["policy"] == "deprioritize"
         and not holds_queued(r["policy"], r["on_exhausted"])
     }
@@ -213,4 +234,132 @@ def budget_note_parts(hold: Row, now: datetime) -> tuple[str, str, str, datetime
     )
     blocking = f"{HOLD_BLOCKING_PREFIX}{scope(hold)}"
     suggestion = "ask a team admin or an operator to raise the budget (PUT /v1/budgets)"
+    return reason, blocking, suggestion, until
+
+
+Reserves = Mapping[tuple[str, str], Row]
+"""Budgets that reserve now (``reserving``), by (team, project)."""
+_MICRO = Decimal("0.000001")
+
+
+def reserving(rows: Iterable[Row], now: datetime) -> dict[tuple[str, str], Row]:
+    """The budgets of ``rows`` that reserve at ``now`` (module contract): holding queued
+    jobs once spent, with billing's rates, and not spent in ``now``'s UTC month (a spent one
+    holds its jobs whole, ``holding``). A state of an earlier month reserves too, with
+    nothing spent yet in this one (a new month starts with the whole amount, less what the
+    running jobs reserve), until billing says one of this month."""
+    month = month_label(now)
+    found: dict[tuple[str, str], Row] = {}
+    for r in rows:
+        if r.get("rates") is None or not holds_queued(r["policy"], r["on_exhausted"]):
+            continue
+        if r["month"] == month and not r.get("exhausted", True):
+            found[(r["team"], r["project"])] = r
+        elif r["month"] < month:
+            found[(r["team"], r["project"])] = {**r, "month": month, "spent": "0.000000"}
+    return found
+
+
+def _decimal(value: object) -> Decimal:
+    try:
+        found = Decimal(str(value))
+    except InvalidOperation:
+        return Decimal(0)
+    return found if found.is_finite() and found > 0 else Decimal(0)
+
+
+def reservation(job: Row, rates: Mapping[str, Any]) -> Decimal:
+    """The worst case of one attempt of ``job`` (a queued or running job's row: gpus,
+    gpu_flavor, max_runtime_seconds, cpus_per_gpu, memory_gib_per_gpu) at ``rates`` (a
+    budget state's): its GPUs, CPUs and memory for ``max_runtime_seconds`` at the flavor's
+    highest prices per hour, rounded up to a micro-unit; 0 for a flavor without a rate."""
+    rate = rates.get(job["gpu_flavor"])
+    if not rate:
+        return Decimal(0)
+    gpus = Decimal(job["gpus"])
+    per_hour = gpus * (
+        _decimal(rate.get("gpu_hour"))
+        + Decimal(job.get("cpus_per_gpu") or 0) * _decimal(rate.get("cpu_hour"))
+        + Decimal(job.get("memory_gib_per_gpu") or 0) * _decimal(rate.get("memory_gib_hour"))
+    )
+    cost = per_hour * Decimal(job["max_runtime_seconds"]) / Decimal(3600)
+    return cost.quantize(_MICRO, rounding=ROUND_CEILING)
+
+
+def reserves_for(team: str, project: str | None, reserves: Reserves) -> list[Row]:
+    """The budgets reserving for a job of ``team`` and ``project``: the team's, then the
+    project's."""
+    keys = [(team, ""), *([(team, project)] if project else [])]
+    return [reserves[k] for k in keys if k in reserves]
+
+
+@dataclass(frozen=True)
+class Unfit:
+    """Why a queued job waits for its budget: ``budget`` cannot take its reservation
+    (``need``) beside what is spent and reserved (``reserved``: by running jobs and the
+    queued jobs before it that fit)."""
+
+    budget: Row
+    need: Decimal
+    reserved: Decimal
+
+
+def fit(
+    queued: Iterable[Row],
+    running: Mapping[str, Sequence[Row]],
+    reserves: Reserves,
+) -> dict[str, Unfit]:
+    """The queued jobs (in the order given: the order they would start in) that must wait
+    because a budget cannot take their reservation, by job id (module contract)."""
+    if not reserves:
+        return {}
+    reserved = {key: Decimal(0) for key in reserves}
+    for members in running.values():
+        first = members[0]
+        for budget in reserves_for(first.get("team", ""), first.get("project"), reserves):
+            key = (budget["team"], budget["project"])
+            reserved[key] += reservation(first, budget["rates"])
+    unfit: dict[str, Unfit] = {}
+    for job in queued:
+        budgets = reserves_for(job.get("team", ""), job.get("project"), reserves)
+        needs = [(b, reservation(job, b["rates"])) for b in budgets]
+        short = next(
+            (
+                (b, need)
+                for b, need in needs
+                if _decimal(b["spent"]) + reserved[(b["team"], b["project"])] + need
+                > _decimal(b["amount"])
+            ),
+            None,
+        )
+        if short is not None:
+            budget, need = short
+            unfit[job["job_id"]] = Unfit(
+                budget, need, reserved[(budget["team"], budget["project"])]
+            )
+            continue
+        for b, need in needs:
+            reserved[(b["team"], b["project"])] += need
+    return unfit
+
+
+def reservation_note_parts(unfit: Unfit, now: datetime) -> tuple[str, str, str, datetime]:
+    """Reason, blocking, suggestion and estimated start of a job waiting for ``unfit``'s
+    budget to have room for its reservation."""
+    budget = unfit.budget
+    until = next_month(now)
+    currency = budget["currency"]
+    reason = (
+        f"held: the budget of {scope(budget)} cannot cover this job's worst case "
+        f"({unfit.need} {currency}: its GPUs, CPUs and memory for its max_runtime_seconds "
+        f"at the highest prices); {budget['spent']} of {budget['amount']} {currency} is spent "
+        f"in {budget['month']} and {unfit.reserved} {currency} is reserved by jobs before it; "
+        f"it starts when one of them ends, the budget is raised or the month ends "
+        f"({until:%Y-%m-%d} 00:00 UTC)"
+    )
+    blocking = f"{HOLD_BLOCKING_PREFIX}{scope(budget)}"
+    suggestion = (
+        "wait for the team's running jobs to end, lower max_runtime_seconds, or ask a team "
+        "admin or an operator to raise the budget (PUT /v1/budgets)"
+    )
     return reason, blocking, suggestion, until

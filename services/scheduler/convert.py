@@ -11,7 +11,9 @@ Contract:
   policy (it waits, and ``unknown_priority_note`` says why), and so is a job backing off
   after a failure until its ``eligible_at`` (``restart_note`` says so), and a job whose
   team's or project's budget holds it (``budget_holds``: spent this UTC month under a policy
-  that holds queued jobs; ``budget_note`` says which budget, and until when); a waiting job
+  that holds queued jobs; ``budget_note`` says which budget, and until when), or cannot take
+  its worst case beside what is spent and reserved (``budget_holds.fit``, in the order the
+  jobs would start: class, then arrival; the note says what it needs); a waiting job
   that submission lowered to the class a spent budget under ``deprioritize`` gives its team's
   (or project's) new jobs is told so first (``lowered_note``; ``budget_holds.lowering``); a
   job being cancelled, or under a preemption notice, is *leaving* (never chosen as a victim
@@ -33,12 +35,17 @@ from typing import Any
 
 from trainyard_platform.services.scheduler.budget_holds import (
     Holds,
+    Reserves,
+    Unfit,
     budget_note_parts,
+    fit,
     hold_of,
     holding,
     lowered_by,
     lowered_part,
     lowering,
+    reservation_note_parts,
+    reserving,
 )
 from trainyard_platform.services.scheduler.policy.fairshare import decay_usage
 from trainyard_platform.services.scheduler.policy.model import (
@@ -89,7 +96,7 @@ class SnapshotRows:
     priority_class, submitted_at, seq,
     max_runtime_seconds, job_status, job_updated_at, node_id, gpu_indices, granted_at,
     last_checkpoint_at, notice_at, borrowed, preemptions (the job's earlier attempts that
-    ended by preemption)."""
+    ended by preemption), team, project, cpus_per_gpu, memory_gib_per_gpu."""
     queues: Sequence[Row]
     """name, team, cohort, weight, implicit."""
     quotas: Sequence[Row]
@@ -101,9 +108,11 @@ class SnapshotRows:
     pending: Sequence[Row]
     """Queued jobs: job_id, queue, gpu_flavor, gpus, priority_class, submitted_at,
     max_runtime_seconds, seq, the last published pending_* columns (and eligible_at,
-    attempt, restarts, max_restarts, platform_retries, team, project, lowered_from)."""
+    attempt, restarts, max_restarts, platform_retries, team, project, lowered_from,
+    cpus_per_gpu, memory_gib_per_gpu)."""
     budgets: Sequence[Row] = ()
-    """Budget states that may hold jobs (``budget_holds.load``): exhausted, not deleted."""
+    """Budget states that may hold jobs (``budget_holds.load``): not deleted, exhausted or
+    with billing's rates (it reserves)."""
 
 
 @dataclass(frozen=True)
@@ -121,6 +130,10 @@ class Built:
     """The budgets that hold jobs now (``budget_holds.holding``), by (team, project)."""
     lowers: Holds = field(default_factory=dict)
     """The budgets whose new jobs run at priority low now (``budget_holds.lowering``)."""
+    reserves: Reserves = field(default_factory=dict)
+    """The budgets that reserve the worst case of their jobs now (``budget_holds.reserving``)."""
+    unfit: Mapping[str, Unfit] = field(default_factory=dict)
+    """Queued jobs of ``budget_held`` whose reservation a budget cannot take, by id."""
     addresses: Mapping[str, str] = field(default_factory=dict)
     """Ready node id -> its address (the last heartbeat's), for gang rendezvous."""
     pending: Mapping[str, Row] = field(default_factory=dict)
@@ -144,6 +157,7 @@ def build_snapshot(rows: SnapshotRows, now: datetime, half_life_s: float) -> Bui
     backing_off: list[Row] = []
     budget_held: list[Row] = []
     holds = holding(rows.budgets, now)
+    candidates: list[Row] = []
     for j in rows.pending:
         if holds and hold_of(j.get("team", ""), j.get("project"), holds) is not None:
             budget_held.append(j)  # before a back-off: the hold is what lasts
@@ -155,10 +169,27 @@ def build_snapshot(rows: SnapshotRows, now: datetime, half_life_s: float) -> Bui
         if j["priority_class"] not in known:
             held.append(j)
             continue
-        pending.append(pending_job(j))
+        candidates.append(j)
     by_job: dict[str, list[Row]] = {}
     for a in rows.running:
         by_job.setdefault(a["job_id"], []).append(a)
+    # A budget that reserves takes the worst case of its jobs in the order they would
+    # start (class, then arrival); one that does not fit waits for it (``budget_holds.fit``).
+    reserves = reserving(rows.budgets, now)
+    value = {c.name: c.value for c in classes}
+    unfit = fit(
+        sorted(
+            candidates,
+            key=lambda r: (-value[r["priority_class"]], r["submitted_at"], r["seq"]),
+        ),
+        by_job,
+        reserves,
+    )
+    for j in candidates:
+        if j["job_id"] in unfit:
+            budget_held.append(j)
+        else:
+            pending.append(pending_job(j))
     usage: dict[str, float] = {}
     for u in rows.usage:
         elapsed = (now - u["as_of"]).total_seconds()
@@ -179,6 +210,8 @@ def build_snapshot(rows: SnapshotRows, now: datetime, half_life_s: float) -> Bui
         budget_held=tuple(budget_held),
         holds=holds,
         lowers=lowering(rows.budgets, now),
+        reserves=reserves,
+        unfit=unfit,
         addresses={n["node_id"]: n.get("address") or "127.0.0.1" for n in rows.nodes},
         pending={j["job_id"]: j for j in rows.pending},
         running=by_job,
@@ -425,6 +458,11 @@ def pending_notes(decisions: Decisions, built: Built) -> dict[str, PendingNote]:
             hold = hold_of(row["team"], row["project"], built.holds)
         if hold is not None:
             notes[row["job_id"]] = budget_note(hold, position, now)
+        elif row["job_id"] in built.unfit:
+            reason, blocking, suggestion, until = reservation_note_parts(
+                built.unfit[row["job_id"]], now
+            )
+            notes[row["job_id"]] = PendingNote(reason, position, blocking, suggestion, until)
         elif row["job_id"] in backing_off:
             notes[row["job_id"]] = restart_note(row, position)
         else:

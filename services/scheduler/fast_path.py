@@ -20,7 +20,8 @@ Contract:
   ``JobPending`` and the moved positions of the jobs behind it in its queue are published
   when news (``convert.note_changed``), as a pass publishes them. It returns False when any
   of them needs a whole pass (not isolated, an unknown queue or priority class, a queue
-  with jobs held back from the policy, a job a spent budget holds): nothing is published
+  with jobs held back from the policy, a job a spent budget holds, a job of a budget that
+  reserves, ``budget_holds.fit``, which a pass weighs with the jobs before it): nothing is published
   then and ``kept`` must be
   forgotten (it may hold some of the jobs); the caller runs a pass. A note of a job a
   spent budget lowered says so first, worded as a pass words it (``convert.lowered_note``,
@@ -39,7 +40,7 @@ from datetime import UTC, datetime
 import asyncpg
 
 from trainyard_platform.services.scheduler import repository as repo
-from trainyard_platform.services.scheduler.budget_holds import hold_of, next_month
+from trainyard_platform.services.scheduler.budget_holds import hold_of, next_month, reserves_for
 from trainyard_platform.services.scheduler.convert import (
     PendingNote,
     Row,
@@ -93,7 +94,7 @@ class Kept:
             ends.append(due_at.timestamp())
         ends += [r.notice_at + config.grace_s for r in snapshot.running if r.notice_at is not None]
         ends += [row["eligible_at"].timestamp() for row in built.backing_off]
-        if built.holds or built.lowers:  # the next UTC month ends every hold and lowering
+        if built.holds or built.lowers or built.reserves:  # the next UTC month ends them
             ends.append(next_month(datetime.fromtimestamp(snapshot.now, UTC)).timestamp())
         until = from_epoch(min(ends)) or datetime.fromtimestamp(snapshot.now, UTC)
         incremental = Incremental(snapshot, config, result.state, result.decisions)
@@ -142,6 +143,8 @@ async def decide_arrivals(
             return False
         if built.holds and hold_of(row["team"], row["project"], built.holds) is not None:
             return False  # a spent budget holds it: a pass tells it so
+        if built.reserves and reserves_for(row["team"], row["project"], built.reserves):
+            return False  # its budget reserves: a pass weighs it with the jobs before it
         told = decide(kept, job) if row["eligible_at"] is None else None
         if told is None:
             return False

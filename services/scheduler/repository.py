@@ -129,7 +129,10 @@ _PENDING_ROWS = (
     "SELECT job_id, queue, gpu_flavor, gpus, priority_class, submitted_at, "
     "max_runtime_seconds, seq, pending_reason, pending_position, pending_blocking, "
     "pending_suggestion, pending_estimated_start, eligible_at, attempt, restarts, max_restarts, "
-    "platform_retries, team, spec->>'project' AS project, lowered_from FROM jobs"
+    "platform_retries, team, spec->>'project' AS project, lowered_from, "
+    # What a budget reserves the job at (budget_holds.reservation).
+    "coalesce((spec->>'cpus_per_gpu')::int, 0) AS cpus_per_gpu, "
+    "coalesce((spec->>'memory_gib_per_gpu')::int, 0) AS memory_gib_per_gpu FROM jobs"
 )
 
 
@@ -177,7 +180,9 @@ async def load_snapshot_rows(conn: asyncpg.Connection) -> SnapshotRows:
             "AND p.notice_at IS NOT NULL "
             f"AND coalesce(p.notice_reason, '') NOT LIKE '{budget_holds.STOP_PREFIX}%') "
             "AS preemptions, "
-            "j.team, j.spec->>'project' AS project "
+            "j.team, j.spec->>'project' AS project, "
+            "coalesce((j.spec->>'cpus_per_gpu')::int, 0) AS cpus_per_gpu, "
+            "coalesce((j.spec->>'memory_gib_per_gpu')::int, 0) AS memory_gib_per_gpu "
             "FROM allocations a JOIN jobs j USING (job_id) "
             "WHERE a.released_at IS NULL"
         ),

@@ -737,6 +737,21 @@ class FlavorRetired(Payload):
     retired_at: Instant
 
 
+RATE_PATTERN = r"^\d{1,10}(\.\d{1,6})?$"
+
+
+class ReservationRates(BaseModel):
+    """The highest prices per hour of one flavor from a budget state's moment on (the one in
+    force then, and any set to take effect later): what the scheduler reserves a job of the
+    flavor at (decimal strings in the budget's currency; ``"0"``: that resource unpriced)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    gpu_hour: str = Field(pattern=RATE_PATTERN)
+    cpu_hour: str = Field(default="0", pattern=RATE_PATTERN)
+    memory_gib_hour: str = Field(default="0", pattern=RATE_PATTERN)
+
+
 BudgetPolicy = Literal["refuse", "deprioritize", "warn"]
 """What submission does with a new job of a team (or project) whose budget is spent."""
 BudgetOnExhausted = Literal["finish", "stop"]
@@ -767,6 +782,12 @@ class BudgetUpdated(Payload):
     on_exhausted: BudgetOnExhausted = "finish"
     """What the scheduler does with the budget's running jobs while it is exhausted (absent
     from a state said before the field existed: ``finish``)."""
+    rates: dict[str, ReservationRates] | None = Field(default=None, max_length=1000)
+    """Per priced flavor, what a job of it is reserved at (``ReservationRates``), for a
+    budget whose spent state holds queued jobs: the scheduler starts a job of its team (or
+    project) only while its worst case fits in what is left (docs/scheduling.md, "Budgets
+    that hold queued jobs"). None (a state said before the field existed, or of a budget
+    that holds nothing): nothing is reserved, the budget holds only once it is spent."""
 
 
 class BudgetThresholdCrossed(Payload):

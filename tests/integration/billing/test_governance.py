@@ -926,3 +926,58 @@ async def test_the_price_book_comes_a_page_at_a_time(client: httpx.AsyncClient) 
         assert next(iter(bad)) in errors(
             await client.get("/v1/prices", params=bad, headers=ML_VIEWER)
         )
+
+
+async def _states(pool: asyncpg.Pool, team: str) -> list[BudgetUpdated]:
+    rows = await pool.fetch(
+        "SELECT body FROM outbox WHERE event_id LIKE $1 ORDER BY seq", f"budget:{team}:%"
+    )
+    states = [parse_envelope(r["body"]).data for r in rows]
+    return sorted((s for s in states if isinstance(s, BudgetUpdated)), key=lambda s: s.revision)
+
+
+async def test_a_budget_that_holds_queued_jobs_says_its_rates_and_is_said_after_every_bill(
+    pool: asyncpg.Pool, client: httpx.AsyncClient
+) -> None:
+    """The scheduler reserves each job's worst case against a budget that holds queued jobs
+    once spent, at the rates billing says with its state (the highest prices from now on):
+    so billing says them, says the state again when the book changes, and after every bill
+    of the month (the scheduler stops reserving an allocation once it ends: its bill must
+    be in ``spent`` by then). A budget that only warns reserves nothing and gets no rates."""
+    put = await client.put(
+        "/v1/budgets/ml", json={"amount": "1000", "policy": "refuse"}, headers=ML_ADMIN
+    )
+    assert put.status_code == 201, put.text
+    warn = await client.put("/v1/budgets/vision", json={"amount": "1000"}, headers=OPERATOR_USER)
+    assert warn.status_code == 201, warn.text
+    (first,) = await _states(pool, "ml")
+    assert first.rates is not None
+    assert first.rates["a100"].model_dump() == {
+        "gpu_hour": "2.5",
+        "cpu_hour": "0",
+        "memory_gib_hour": "0",
+    }
+    assert [s.rates for s in await _states(pool, "vision")] == [None]
+
+    # A dearer price set for later: reserved at it from now on.
+    later = (datetime.now(UTC) + timedelta(days=2)).isoformat()
+    change = await client.put(
+        "/v1/prices/a100",
+        json={"price_per_gpu_hour": "4", "price_per_cpu_hour": "0.2", "effective_from": later},
+        headers=OPERATOR,
+    )
+    assert change.status_code == 201, change.text
+    *_, repriced = await _states(pool, "ml")
+    assert repriced.revision > first.revision and repriced.rates is not None
+    assert (repriced.rates["a100"].gpu_hour, repriced.rates["a100"].cpu_hour) == ("4", "0.2")
+    assert len(await _states(pool, "vision")) == 1
+
+    # A bill crossing no threshold (5.00 of 1000) still says the state, with what it spent.
+    month = month_start(datetime.now(UTC))
+    bill = released("r1", month + timedelta(minutes=1), timedelta(hours=1))
+    await feed(pool, grant_of(bill), release_event(bill))
+    *_, billed = await _states(pool, "ml")
+    assert billed.revision > repriced.revision and Decimal(billed.spent) == Decimal(5)
+    bill = released("v1", month + timedelta(minutes=1), timedelta(hours=1), team="vision")
+    await feed(pool, grant_of(bill), release_event(bill))
+    assert len(await _states(pool, "vision")) == 1

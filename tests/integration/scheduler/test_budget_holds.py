@@ -17,6 +17,7 @@ from trainyard_platform.shared.events.payloads import (
     BudgetPolicy,
     BudgetUpdated,
     JobPending,
+    ReservationRates,
 )
 
 pytestmark = pytest.mark.integration
@@ -168,3 +169,42 @@ async def test_a_budget_that_deprioritizes_is_named_in_its_low_jobs_reasons_unti
             lambda p, job_id=job_id: p.job_id == job_id and not p.reason.startswith("deprio"),
             count=count,
         )
+
+
+async def test_jobs_queued_together_start_only_as_far_as_the_budget_covers(
+    scheduler: Scheduler,
+) -> None:
+    # Billing's state: 3.00 of which nothing is spent, with its rates (2.50 per cpu-flavor
+    # GPU-hour): room for one of three 1-GPU jobs of an hour. Before reservations all three
+    # started together (7.50 at worst), and under finish all ran to their end.
+    now = datetime.now(UTC)
+    room = BudgetUpdated(
+        team="vision",
+        month=f"{now.year:04d}-{now.month:02d}",
+        amount="3.000000",
+        spent="0.000000",
+        currency="USD",
+        policy="refuse",
+        exhausted=False,
+        revision=1,
+        rates={"cpu": ReservationRates(gpu_hour="2.5")},
+    )
+    await scheduler.send(room, "vision")
+    for job_id in ("r1", "r2", "r3"):
+        await scheduler.submit(job_id, gpus=1, max_runtime_seconds=3600)
+    await scheduler.heartbeat("n1", gpus=4)
+    (granted,) = await scheduler.wait_for(AllocationGranted, lambda g: g.job_id.startswith("r"))
+    waiting = {"r1", "r2", "r3"} - {granted.job_id}
+    told = await scheduler.wait_for(
+        JobPending,
+        lambda p: p.job_id in waiting and "cannot cover this job's worst case" in p.reason,
+        count=2,
+    )
+    assert {p.job_id for p in told} == waiting
+    assert all(p.blocking == "budget of team vision" for p in told)
+    assert len(scheduler.events(AllocationGranted, lambda g: g.job_id in waiting)) == 0
+
+    # Raised to cover them all: they start.
+    await scheduler.send(room.model_copy(update={"amount": "10.000000", "revision": 2}), "vision")
+    for job_id in waiting:
+        await scheduler.wait_for(AllocationGranted, lambda g, j=job_id: g.job_id == j)

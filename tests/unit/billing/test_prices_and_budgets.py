@@ -159,3 +159,27 @@ def test_the_percent_spent_shows_a_threshold_only_once_it_is_reached() -> None:
     assert shown("100") == ("100.00", True)
     assert shown("0.000001") == ("0.00", False)
     assert reached(budget.amount, Decimal("49.995"), budget.thresholds) == []
+
+
+def test_the_rates_a_job_is_reserved_at_are_the_highest_prices_from_now_on() -> None:
+    gpu = [
+        DatedPrice(BEGINNING, Price("a100", Decimal("2.5"), "USD")),
+        DatedPrice(T - timedelta(hours=1), Price("a100", Decimal(3), "USD")),
+        DatedPrice(T + timedelta(days=1), Price("a100", Decimal(4), "USD")),
+        DatedPrice(T + timedelta(days=2), Price("a100", Decimal(1), "USD")),
+        DatedPrice(T + timedelta(days=1), Price("l40s", Decimal(2), "USD")),  # later only
+        DatedPrice(BEGINNING, Price("old", Decimal(9), "USD")),
+        DatedPrice(T - timedelta(days=1), Price("old", Decimal(1), "USD")),
+    ]
+    cpu = [
+        DatedResourcePrice("a100", "cpu", BEGINNING, Decimal("0.5"), "USD"),
+        DatedResourcePrice("a100", "cpu", T, Decimal("0.1"), "USD"),
+    ]
+    rates = PriceSchedule.of(gpu, cpu).highest_from(T)
+    # Past prices (2.5, old's 9) no longer count; a later dearer one (4) does; the CPU
+    # price in force since T (0.1), not the one before; no memory price: 0.
+    assert rates == {
+        "a100": (Decimal(4), Decimal("0.1"), Decimal(0)),
+        "l40s": (Decimal(2), Decimal(0), Decimal(0)),
+        "old": (Decimal(1), Decimal(0), Decimal(0)),
+    }

@@ -44,6 +44,7 @@ async def test_a_long_batch_lets_other_tasks_run_while_it_is_decided(
                 budget_held=(),
                 holds={},
                 lowers={},
+                reserves={},
                 class_names=("normal",),
             )
         ),

@@ -1,0 +1,124 @@
+"""A budget that holds queued jobs once spent is not overrun by jobs started together before
+it is: each job of its team (or project) is reserved its worst case (its GPUs, CPUs and
+memory for its max_runtime_seconds at billing's highest prices), and a queued job starts
+only while its reservation fits beside what is spent and what the jobs before it reserve."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+from tests.unit.scheduler.test_budget_holds import budget, implicit_queue_z
+from tests.unit.scheduler.test_convert import HALF_LIFE, NOW, member, queue, rows, waiting
+from trainyard_platform.services.scheduler.budget_holds import reservation, reserving
+from trainyard_platform.services.scheduler.convert import build_snapshot, pending_notes
+from trainyard_platform.services.scheduler.policy.engine import schedule
+from trainyard_platform.services.scheduler.policy.model import PolicyConfig
+
+RATES = {"a100": {"gpu_hour": "2.5", "cpu_hour": "0.1", "memory_gib_hour": "0.01"}}
+"""2.50 per GPU-hour: a 1-GPU job of an hour (``waiting``'s) is reserved 2.50."""
+
+
+def reserving_budget(team: str, project: str = "", **more: Any) -> dict[str, Any]:
+    """A budget of 3.00 (room for one such job), nothing spent, under ``refuse``/``finish``."""
+    row = budget(team, project, amount="3.000000", spent="0.000000", exhausted=False)
+    return {**row, "rates": RATES, **more}
+
+
+def four_jobs(**more: Any) -> list[dict[str, Any]]:
+    return [
+        waiting(f"a{i}", "qa", seq=i, team="team-a", project="vision", **more) for i in range(4)
+    ]
+
+
+def started(*budgets: dict[str, Any], **parts: Any) -> tuple[list[str], Any, Any]:
+    parts.setdefault("pending", four_jobs())
+    snapshot_rows = rows(
+        budgets=list(budgets),
+        queues=[queue("qa", "team-a", "c1"), queue(implicit_queue_z(), "team-z", implicit=True)],
+        **parts,
+    )
+    built = build_snapshot(snapshot_rows, NOW, HALF_LIFE)
+    decisions = schedule(built.snapshot, PolicyConfig())
+    return sorted(p.job_id for p in decisions.placements), built, decisions
+
+
+def test_jobs_queued_together_start_only_as_far_as_the_budget_covers_their_worst_case() -> None:
+    # Four 1-GPU jobs of an hour (2.50 each at worst) against 3.00 of which nothing is spent:
+    # before, all four started (10.00 at worst: the budget is said spent only once they
+    # have run, and under finish they all run to their end). Now one starts.
+    placed, built, decisions = started(reserving_budget("team-a"))
+    assert placed == ["a0"]
+    assert [r["job_id"] for r in built.budget_held] == ["a1", "a2", "a3"]
+    note = pending_notes(decisions, built)["a1"]
+    assert note.reason == (
+        "held: the budget of team team-a cannot cover this job's worst case (2.500000 USD: "
+        "its GPUs, CPUs and memory for its max_runtime_seconds at the highest prices); "
+        "0.000000 of 3.000000 USD is spent in 2025-03 and 2.500000 USD is reserved by jobs "
+        "before it; it starts when one of them ends, the budget is raised or the month ends "
+        "(2025-04-01 00:00 UTC)"
+    )
+    assert note.blocking == "budget of team team-a"
+    assert note.estimated_start == datetime(2025, 4, 1, tzinfo=UTC)
+
+
+def test_running_jobs_keep_their_reservation_until_they_end() -> None:
+    running = [
+        member("r1", "n1", [0], gpus=1, team="team-a", project="vision", max_runtime_seconds=3600)
+    ]
+    placed, built, _ = started(reserving_budget("team-a"), running=running)
+    assert placed == [] and len(built.budget_held) == 4  # 2.50 reserved: 0.50 left
+    placed, _, _ = started(reserving_budget("team-a", amount="5.000000"), running=running)
+    assert placed == ["a0"]
+
+
+def test_what_billing_said_is_spent_counts_with_the_reservations() -> None:
+    placed, _, _ = started(reserving_budget("team-a", amount="10", spent="5.000001"))
+    assert placed == ["a0"]  # 5.000001 + 2.5 fits in 10; one more does not
+
+
+def test_the_team_s_and_the_project_s_budget_must_each_fit() -> None:
+    placed, _, _ = started(
+        reserving_budget("team-a", amount="100"), reserving_budget("team-a", "vision", amount="5")
+    )
+    assert placed == ["a0", "a1"]
+    placed, _, _ = started(reserving_budget("team-a", "nlp", amount="0"))  # another project
+    assert placed == ["a0", "a1", "a2", "a3"]
+
+
+def test_the_job_that_would_start_first_reserves_first() -> None:
+    jobs = four_jobs()
+    jobs[3]["priority_class"] = "high"
+    placed, _, _ = started(reserving_budget("team-a"), pending=jobs)
+    assert placed == ["a3"]
+
+
+def test_cpus_and_memory_count_at_their_rates_rounded_up() -> None:
+    job = waiting("a0", "qa", gpus=2, cpus_per_gpu=8, memory_gib_per_gpu=64)
+    job["max_runtime_seconds"] = 1801
+    # 2 x (2.5 + 8 x 0.1 + 64 x 0.01) = 7.88 per hour, for 1801 s: 3.942188...
+    assert reservation(job, RATES) == Decimal("3.942189")
+    assert reservation({**job, "gpu_flavor": "h100"}, RATES) == 0  # no price: billed nothing
+
+
+def test_a_budget_without_rates_or_that_holds_nothing_reserves_nothing() -> None:
+    old = {k: v for k, v in reserving_budget("team-a").items() if k != "rates"}
+    for row in (
+        old,  # said by a billing from before rates
+        reserving_budget("team-a", policy="warn"),  # warn and finish: bounds nothing
+    ):
+        assert reserving([row], NOW) == {}
+        placed, _, _ = started(row)
+        assert placed == ["a0", "a1", "a2", "a3"]
+    assert reserving([reserving_budget("team-a", policy="warn", on_exhausted="stop")], NOW)
+
+
+def test_a_new_month_reserves_from_the_whole_amount_before_billing_says_it() -> None:
+    # Said spent last month (exhausted): this month it holds nothing whole, but still
+    # reserves, with nothing spent yet.
+    last = reserving_budget("team-a", month="2025-02", spent="7.000000", exhausted=True)
+    (budget,) = reserving([last], NOW).values()
+    assert (budget["month"], budget["spent"]) == ("2025-03", "0.000000")
+    placed, built, _ = started(last)
+    assert placed == ["a0"] and built.holds == {}
