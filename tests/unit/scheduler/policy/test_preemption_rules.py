@@ -109,7 +109,8 @@ def _pool(**free: tuple[int, int]) -> FlavorPool:
 
 def _victim(job_id: str, placement: Mapping[str, int], rank: int, kind: str = "priority"):  # type: ignore[no-untyped-def]
     job = running(job_id, "b", placement)
-    return Candidate(job, kind, (1, 0, rank, 0, 0.0, job_id))  # type: ignore[arg-type]
+    # A key of ``victim_key``'s shape that orders victims by ``rank`` alone.
+    return Candidate(job, kind, (1, 0, float(rank), 0.0, 0, 0.0, job_id))  # type: ignore[arg-type]
 
 
 def _chosen(found: list[Candidate] | None) -> list[str] | None:
