@@ -103,6 +103,26 @@ def test_every_copied_path_exists_and_the_build_context_is_trimmed(dockerfile: P
 
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_every_file_the_build_copies_is_in_its_context(dockerfile: Path) -> None:
+    """The .dockerignore ignores everything it does not name (``*``, then ``!name``): a
+    ``COPY`` of a path it does not name fails the build ("not found"), as the links folder
+    ``trainyard_platform/`` once did."""
+    allowed = {
+        line[1:].strip("/").split("/")[0]
+        for line in dockerfile.with_name(dockerfile.name + ".dockerignore").read_text().split("\n")
+        if line.startswith("!")
+    }
+    copied = {
+        source.split("/")[0]
+        for kind, rest in instructions(dockerfile)
+        if kind == "COPY" and not rest.startswith("--from")
+        for source in rest.split()[:-1]
+        if not source.startswith("--")
+    }
+    assert copied - allowed == set()
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
 def test_each_service_of_the_image_listens_where_the_healthcheck_looks(dockerfile: Path) -> None:
     final = instructions(dockerfile)
     final = final[max(i for i, (kind, _) in enumerate(final) if kind == "FROM") :]
