@@ -11,8 +11,11 @@
 # platform.
 
 ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
+# The build stage: the same Python on the full Debian image, which has the C compiler the
+# scheduler's compiled policy needs (nothing of it reaches the image: only /opt/trainyard).
+ARG BUILD_IMAGE=python:3.11.13-bookworm
 
-FROM ${PYTHON_IMAGE} AS build
+FROM ${BUILD_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1
@@ -34,6 +37,15 @@ COPY trainyard_platform ./trainyard_platform
 # then the platform itself.
 RUN pip install --no-cache-dir --no-deps --no-build-isolation ./client . \
     && python -c "import trainyard_platform.services.submission.__main__, trainyard_platform.services.scheduler.__main__, trainyard_platform.services.registry.__main__, trainyard_platform.services.billing.__main__"
+# The scheduler's policy compiled with mypyc, in place in the installed package (about a
+# quarter less CPU a pass: BENCHMARKS.md), by a build-only environment of its own; the
+# scheduler logs at start which it runs ("placement policy compiled").
+COPY deploy/requirements/compiler.txt deploy/requirements/
+RUN python -m venv /opt/compiler \
+    && /opt/compiler/bin/pip install --no-cache-dir --require-hashes --only-binary :all: \
+        -r deploy/requirements/compiler.txt \
+    && python -m trainyard_platform.services.scheduler.compiled --with /opt/compiler/bin/python \
+    && python -c "from trainyard_platform.services.scheduler.compiled import is_compiled; assert is_compiled()"
 
 FROM ${PYTHON_IMAGE}
 # In a container every service listens on all interfaces, port 8000 (outside one the

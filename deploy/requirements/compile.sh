@@ -12,6 +12,7 @@
 #               TORCH_BACKEND=cu128 (or cu126, ...) locks the build of that CUDA from
 #               https://download.pytorch.org/whl/<backend> instead, for older drivers
 # build.txt     the build backend the images install the project with
+# compiler.txt  mypyc, with which the services' image compiles the scheduler's policy
 set -eu
 uv=${UV:-uv}
 common="--no-emit-package trainyard --generate-hashes --python-version 3.11 --python-platform x86_64-manylinux_2_28 --only-binary :all: --emit-index-url --custom-compile-command deploy/requirements/compile.sh"
@@ -29,3 +30,5 @@ else
 fi
 # shellcheck disable=SC2086
 "$uv" pip compile deploy/requirements/build.in $common -o deploy/requirements/build.txt
+# shellcheck disable=SC2086
+"$uv" pip compile deploy/requirements/compiler.in $common -o deploy/requirements/compiler.txt

@@ -9,10 +9,12 @@ within seconds.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
 from trainyard_platform.services.scheduler.api import create_app, readiness_handler
+from trainyard_platform.services.scheduler.compiled import is_compiled
 from trainyard_platform.services.scheduler.config import Settings
 from trainyard_platform.services.scheduler.leader import Leadership
 from trainyard_platform.services.scheduler.loops import LeaderWork
@@ -40,6 +42,7 @@ from trainyard_platform.shared.retention import Retention
 from trainyard_platform.shared.runtime import ServiceRuntime
 
 NAME = "scheduler"
+log = logging.getLogger(__name__)
 MIGRATIONS = Path(__file__).parent / "migrations"
 CONSUMED: list[type[Payload]] = [
     RunnerHeartbeat,
@@ -83,6 +86,8 @@ async def serve(settings: Settings) -> int:
     async with ServiceRuntime(NAME, settings) as rt:
         pool = await rt.open_pool(settings.database, NAME)
         await migrate(pool, NAME, MIGRATIONS)
+        # Which policy runs: the services' image compiles it (``compiled``), a checkout not.
+        log.info("placement policy %s", "compiled" if is_compiled() else "interpreted")
         bus = await rt.resources.enter_async_context(Bus.connect(settings.nats, NAME))
         rt.add_readiness_check("database", lambda: ping(pool))
         rt.add_readiness_check("nats", bus.ping)

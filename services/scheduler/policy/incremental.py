@@ -187,6 +187,8 @@ class Explained(Mapping[str, Explanation]):
 class Incremental:
     """A snapshot and its last pass, kept up to date event by event (see module docstring)."""
 
+    __deletable__ = ["state", "decisions"]  # mypyc's leave for ``del`` (``_pass``)
+
     def __init__(
         self,
         snapshot: Snapshot,
