@@ -1,5 +1,5 @@
-"""The CLI's model commands: ``trainyard model ls|show|register|alias|download|rm|grant|
-revoke``.
+"""The CLI's model commands: ``trainyard model ls|show|register|alias|download|rm|delete|
+grant|revoke``.
 
 They call the registry's models API (docs/models.md) at the registry URL of the context
 (``TRAINYARD_REGISTRY_URL``). References are checked here before any call, so a malformed
@@ -26,7 +26,10 @@ Without ``--from``, as before: the alias moves whatever moved it since.
 ``show TEAM/NAME:V`` prints the version's ``etag`` last (the registry's ``ETag``; with
 ``--json`` on stderr, ``cli_base.emit_tagged``); ``rm TEAM/NAME VERSION --if-match ETAG``
 deletes it only while it is the registration ``show`` printed: otherwise nothing is deleted
-and one line says so and to run ``show`` again (exit 1).
+and one line says so and to run ``show`` again (exit 1). ``show TEAM/NAME`` prints the
+model's ``etag`` last the same way, and ``delete TEAM/NAME --if-match ETAG`` deletes the model
+(once it has no live version; the registry's 409 names them) only while it is as ``show``
+printed it.
 """
 
 from __future__ import annotations
@@ -47,13 +50,14 @@ from trainyard.cli_base import (
     Session,
     add_if_match,
     conditional,
+    emit_tagged,
     etag_of,
     if_match,
     note,
     refusal_text,
 )
 from trainyard.cli_render import money, none_yet, short, table, time_text
-from trainyard.client import TrainyardClient, TrainyardError, amended, download, segment
+from trainyard.client import Answer, TrainyardClient, TrainyardError, amended, download, segment
 
 _NAME = r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,99}"
 _ALIAS = r"[a-z][a-z0-9_\-]{0,62}"
@@ -231,6 +235,9 @@ def add_commands(
     rm.add_argument("model", metavar="TEAM/NAME")
     rm.add_argument("version", type=version_arg, metavar="VERSION")
     add_if_match(rm)
+    gone = action("delete", run_delete, "delete a model with no live version, freeing its name")
+    gone.add_argument("model", metavar="TEAM/NAME")
+    add_if_match(gone)
     for name, text in (
         ("grant", "let another team read, download and fine-tune from it (admins)"),
         ("revoke", "stop another team reading it (admins)"),
@@ -428,7 +435,10 @@ def run_show(session: Session) -> int:
             )
         )
 
-    session.emit({**model, "version_list": versions}, text)
+    # The model's ETag (for ``delete --if-match``) under the answer, as every ``show``.
+    answer = Answer({**model, "version_list": versions})
+    answer.response = getattr(model, "response", None)
+    emit_tagged(session.as_json, answer, text)
     return Exit.OK
 
 
@@ -556,6 +566,26 @@ def run_rm(session: Session) -> int:
         lambda: (
             f"deleted {ref}:{args.version} (freed {freed.get('objects', 0)} objects, "
             f"{freed.get('bytes', 0)} bytes)"
+        ),
+    )
+    return Exit.OK
+
+
+def run_delete(session: Session) -> int:
+    args = session.args
+    ref = parse_ref(args.model, "TEAM/NAME")
+    registry = session.service("registry")
+    deleted = conditional(
+        "registry",
+        lambda: registry.call("DELETE", f"/v1/models/{ref.path}", None, if_match(args)),
+        f"trainyard model show {ref}",
+    )
+    session.emit(
+        deleted,
+        lambda: (
+            f"deleted {ref}; its name is free (its {deleted.get('tombstones', 0)} deleted "
+            f"versions stay in the lineage made from them; freed {deleted.get('objects', 0)} "
+            f"objects, {deleted.get('bytes', 0)} bytes)"
         ),
     )
     return Exit.OK

@@ -41,6 +41,9 @@ class GrantTable:
     """The table of the owned things, with ``id``, ``team`` and ``name`` (``models``)."""
     key: str
     """The grant table's reference to ``owners.id`` (``model_id``)."""
+    live: str = "TRUE"
+    """What an owned thing that still exists is, as SQL on ``o``, its row (a deleted model's
+    row stays for its versions' tombstones, but it is read by no one by its name)."""
 
     async def readable(
         self, conn: asyncpg.Connection, reader: str | None, team: str, name: str
@@ -50,7 +53,7 @@ class GrantTable:
             return True
         found = await conn.fetchval(
             f"""SELECT 1 FROM {self.grants} g JOIN {self.owners} o ON o.id = g.{self.key}
-                WHERE o.team = $1 AND o.name = $2 AND g.grantee_team = $3""",
+                WHERE o.team = $1 AND o.name = $2 AND g.grantee_team = $3 AND {self.live}""",
             team,
             name,
             reader,
@@ -88,7 +91,9 @@ class GrantTable:
         return bool(status == "DELETE 1")
 
 
-MODELS = GrantTable(grants="model_grants", owners="models", key="model_id")
+MODELS = GrantTable(
+    grants="model_grants", owners="models", key="model_id", live="o.deleted_at IS NULL"
+)
 DATASETS = GrantTable(grants="dataset_grants", owners="datasets", key="dataset_id")
 
 __all__: Sequence[str] = ["DATASETS", "MODELS", "GrantTable"]

@@ -7,7 +7,14 @@ downloading versions, and aliases.
   models other teams granted to the caller's team (``team`` narrows to one owner). Unknown
   or repeated parameters answer 422 naming them. Another team's ``project`` is null to a
   grantee and matches no ``project`` filter.
-- ``GET /v1/models/{team}/{name}``: one model with its aliases.
+- ``GET /v1/models/{team}/{name}``: one model with its aliases, and its ``ETag``
+  (``model_tag``).
+- ``DELETE /v1/models/{team}/{name}`` (members): 409 naming its live versions while it has
+  any; else the model is deleted (``models.delete_model``: its name is free, its versions'
+  tombstones and their lineage stay), their leftover objects freed after the commit, and
+  the answer says how many tombstones it kept and what it freed. Conditional as the
+  version's delete, on ``model_tag``: with ``If-Match: <it>`` only the model as it was read
+  (412 after a registration, a deletion of a version or an alias move since).
 - ``POST /v1/models/{team}/{name}/versions`` (members): register a committed checkpoint;
   answers the version as ``GET`` does, with its ``cost``.
 - ``DELETE /v1/models/{team}/{name}/versions/{version}`` (members): 409 while an alias
@@ -89,6 +96,7 @@ from trainyard_platform.services.registry.schemas import (
     AliasRequest,
     Download,
     Freed,
+    ModelDeleted,
     ModelPage,
     ModelSummary,
     RegisterRequest,
@@ -136,6 +144,7 @@ class NotOwned(Exception):
 
 STATUSES: dict[type[Exception], int] = {
     models.AliasInUse: 409,
+    models.ModelInUse: 409,
     models.ParentInUse: 409,
     models.VersionGone: 409,
     artifacts.ArtifactMismatch: 409,
@@ -155,6 +164,20 @@ def version_tag(version: ModelVersion) -> str:
     """The ETag of a model version: of the registration it is (its id; a version is never
     changed, only deleted)."""
     return entity_tag({"id": version.id})
+
+
+def model_tag(model: ModelRow) -> str:
+    """The ETag of a model: of its row (a model deleted and made again under its name is
+    another) and what it holds now (a registration, a deletion of a version and an alias
+    move each change it)."""
+    return entity_tag(
+        {
+            "id": model.id,
+            "latest_version": model.latest_version,
+            "versions": model.versions,
+            "aliases": model.aliases,
+        }
+    )
 
 
 def alias_tag(version: int | None) -> str | None:
@@ -251,8 +274,14 @@ def model_routes(
         reader = grants.reader_of(principal)
         return ModelPage(models=[shown(_summary(r), r.team, reader) for r in rows], next=following)
 
-    @get("/v1/models/{team:str}/{name:str}", responses=error_responses(404))
-    async def get_model(team: FromPath[str], name: FromPath[str], principal: Caller) -> ModelDetail:
+    @get(
+        "/v1/models/{team:str}/{name:str}",
+        summary="A model with its aliases, and its ETag (for If-Match on DELETE)",
+        responses=error_responses(404),
+    )
+    async def get_model(
+        team: FromPath[str], name: FromPath[str], principal: Caller
+    ) -> Response[ModelDetail]:
         async with pool.acquire() as conn:
             await readable(conn, principal, team, name)
             found = await models_repo.model(conn, team, name)
@@ -260,7 +289,49 @@ def model_routes(
                 raise await no_model(conn, principal, team, name)
             granted_to = await model_grants.grants_of(conn, found.id)
         detail = ModelDetail(**_summary(found).model_dump(), grants=granted_to)
-        return shown(detail, team, grants.reader_of(principal))
+        return tagged(shown(detail, team, grants.reader_of(principal)), model_tag(found))
+
+    @delete(
+        "/v1/models/{team:str}/{name:str}",
+        summary="Delete a model with no live version, freeing its name (members)",
+        opt=needs(Role.MEMBER),
+        status_code=200,
+        responses=error_responses(404, 409, 412),
+    )
+    async def delete_model(
+        team: FromPath[str], name: FromPath[str], principal: Caller, conditions: Conditions
+    ) -> ModelDeleted:
+        """Delete the model once it has no live version (409 naming them); with ``If-Match:
+        <ETag>`` only while it is as it was read; nothing changed on a 409 or a 412."""
+        visible(principal, team, name)
+        async with pool.acquire() as conn, conn.transaction():
+            model_id = await models_repo.lock_existing_model(conn, team, name)
+            current = await models_repo.model(conn, team, name)
+            if model_id is None or current is None:
+                raise await no_model(conn, principal, team, name)
+            conditions.check(f"model {team}/{name}", model_tag(current))
+            tombstones = await models.delete_model(
+                conn, model_id, team, name, principal.actor, clock()
+            )
+            if audit.must_record(principal):
+                await audit.record(
+                    conn, principal, "delete model", f"{team}/{name}", {"versions": len(tombstones)}
+                )
+        # After the commit, as a version's deletion frees its objects: what a failed free
+        # left of the tombstones' (the collector frees them otherwise). Without a store
+        # there is nothing to free.
+        freed = models.Freed(0, 0)
+        if store is not None:
+            for version in tombstones:
+                more = await asyncio.to_thread(models.free_objects, store, version)
+                freed = models.Freed(freed.objects + more.objects, freed.bytes + more.bytes)
+        return ModelDeleted(
+            team=team,
+            model=name,
+            tombstones=len(tombstones),
+            objects=freed.objects,
+            bytes=freed.bytes,
+        )
 
     @post(
         "/v1/models/{team:str}/{name:str}/versions",
@@ -729,6 +800,7 @@ def model_routes(
         delete_grant,
         list_models,
         get_model,
+        delete_model,
         register_version,
         delete_version,
         version_by_alias,

@@ -65,7 +65,8 @@ async def list_models(
     every project), after the cursor; with ``grantee``, only those granted to that team."""
     rows = await conn.fetch(
         f"""SELECT {_MODEL_COLUMNS} FROM models m
-            WHERE ($1::text IS NULL OR m.team = $1)
+            WHERE m.deleted_at IS NULL
+              AND ($1::text IS NULL OR m.team = $1)
               AND ($2::text IS NULL OR (m.team, m.name) > ($2, $3))
               AND ($5::text IS NULL OR m.project = $5)
               AND ($6::text IS NULL OR EXISTS (SELECT 1 FROM model_grants g
@@ -83,20 +84,27 @@ async def list_models(
 
 async def model(conn: asyncpg.Connection, team: str, name: str) -> ModelRow | None:
     row = await conn.fetchrow(
-        f"SELECT {_MODEL_COLUMNS} FROM models m WHERE m.team = $1 AND m.name = $2", team, name
+        f"SELECT {_MODEL_COLUMNS} FROM models m "
+        "WHERE m.team = $1 AND m.name = $2 AND m.deleted_at IS NULL",
+        team,
+        name,
     )
     return ModelRow.from_row(row) if row is not None else None
 
 
 async def model_id(conn: asyncpg.Connection, team: str, name: str) -> int | None:
-    found = await conn.fetchval("SELECT id FROM models WHERE team = $1 AND name = $2", team, name)
+    found = await conn.fetchval(
+        "SELECT id FROM models WHERE team = $1 AND name = $2 AND deleted_at IS NULL", team, name
+    )
     return int(found) if found is not None else None
 
 
 async def lock_existing_model(conn: asyncpg.Connection, team: str, name: str) -> int | None:
     """The model's id with its row locked until the transaction ends; None if there is none."""
     found = await conn.fetchval(
-        "SELECT id FROM models WHERE team = $1 AND name = $2 FOR UPDATE", team, name
+        "SELECT id FROM models WHERE team = $1 AND name = $2 AND deleted_at IS NULL FOR UPDATE",
+        team,
+        name,
     )
     return int(found) if found is not None else None
 

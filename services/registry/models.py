@@ -21,6 +21,9 @@ Contract:
   transaction, and ``free_objects`` — called after that commits — removes its objects and
   says what it freed. A version registered before the registry kept copies owns no object:
   nothing is freed (its artifact is the job's checkpoint).
+- ``delete_model`` refuses (``ModelInUse``, naming them) while the model has live versions;
+  else it marks the model deleted in the caller's transaction: its name is free for a new
+  model, its tombstones and their lineage stay (docs/models.md, "Deleting a model").
 - ``move_alias`` points an alias at a live version of the model under the model's row
   lock, appending the move (who, from, to, when) to ``model_alias_moves``. A model has at
   most ``MAX_ALIASES`` aliases: every model listing and detail carries all of them.
@@ -69,6 +72,14 @@ class AliasInUse(Exception):
 class ParentInUse(Exception):
     """The version cannot be deleted: a live version was fine-tuned from it, or a running
     job is fine-tuning from it (answered 409)."""
+
+
+class ModelInUse(Exception):
+    """The model cannot be deleted: it has live versions (answered 409)."""
+
+
+SHOWN_VERSIONS = 10
+"""The most live versions a refusal to delete a model names."""
 
 
 class VersionGone(Exception):
@@ -260,6 +271,48 @@ async def delete_version(
             "wait for the job to end, first"
         )
     return await models_repo.mark_deleted(conn, model_id, version.version, actor, now)
+
+
+async def delete_model(
+    conn: asyncpg.Connection, model_id: int, team: str, name: str, actor: str, now: datetime
+) -> list[ModelVersion]:
+    """Delete model ``team/name`` (its row locked by the caller): ``ModelInUse`` naming its
+    live versions while it has any; else its aliases (none can point at a deleted version;
+    removed as moves, should one) and grants go, the row is marked deleted (``deleted_at``,
+    ``deleted_by``) so its name is free, and the versions' tombstones stay, with every
+    lineage edge to them. Returns those tombstones (their objects to free after commit)."""
+    live = [
+        int(r["version"])
+        for r in await conn.fetch(
+            "SELECT version FROM model_versions WHERE model_id = $1 AND deleted_at IS NULL "
+            "ORDER BY version",
+            model_id,
+        )
+    ]
+    if live:
+        shown = ", ".join(str(v) for v in live[:SHOWN_VERSIONS])
+        more = f" and {len(live) - SHOWN_VERSIONS} more" if len(live) > SHOWN_VERSIONS else ""
+        word = "version" if len(live) == 1 else "versions"
+        raise ModelInUse(
+            f"model {team}/{name} has {len(live)} live {word} ({shown}{more}): delete "
+            f"{'it' if len(live) == 1 else 'them'} first (trainyard model rm {team}/{name} "
+            "VERSION), then the model"
+        )
+    for alias in await models_repo.aliases(conn, model_id):
+        await models_repo.remove_alias(conn, model_id, alias, actor, now)
+    await conn.execute("DELETE FROM model_grants WHERE model_id = $1", model_id)
+    await conn.execute(
+        "UPDATE models SET deleted_at = $2, deleted_by = $3 WHERE id = $1 AND deleted_at IS NULL",
+        model_id,
+        now,
+        actor,
+    )
+    rows = await conn.fetch(
+        f"SELECT {repo.VERSION_COLUMNS} FROM model_versions v JOIN models m ON m.id = v.model_id "
+        "WHERE v.model_id = $1 ORDER BY v.version",
+        model_id,
+    )
+    return [ModelVersion.from_row(r) for r in rows]
 
 
 def free_objects(store: ObjectStore, version: ModelVersion) -> Freed:

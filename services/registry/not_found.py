@@ -67,7 +67,7 @@ async def version(
                    WHERE v.model_id = m.id AND v.deleted_at IS NULL) AS live,
                   (SELECT v.deleted_at IS NOT NULL FROM model_versions v
                    WHERE v.model_id = m.id AND v.version = $3) AS deleted
-           FROM models m WHERE m.team = $1 AND m.name = $2""",
+           FROM models m WHERE m.team = $1 AND m.name = $2 AND m.deleted_at IS NULL""",
         team,
         name,
         number,
@@ -111,7 +111,9 @@ async def alias(
     """The 404 of alias ``wanted`` of model ``team/name``."""
     if not await grants.MODELS.readable(conn, reader, team, name):
         return await model(conn, reader, team, name)
-    found = await conn.fetchval("SELECT id FROM models WHERE team = $1 AND name = $2", team, name)
+    found = await conn.fetchval(
+        "SELECT id FROM models WHERE team = $1 AND name = $2 AND deleted_at IS NULL", team, name
+    )
     if found is None:
         return await model(conn, reader, team, name)
     aliases: list[str] = [
@@ -173,7 +175,7 @@ async def _named(
     # them only when it is readable and so not missing.
     rows = await conn.fetch(
         f"""SELECT o.name FROM {table.owners} o
-            WHERE o.team = $1 AND ($2::text IS NULL OR o.team = $2
+            WHERE o.team = $1 AND {table.live} AND ($2::text IS NULL OR o.team = $2
                   OR EXISTS (SELECT 1 FROM {table.grants} g
                              WHERE g.{table.key} = o.id AND g.grantee_team = $2))
             ORDER BY o.name LIMIT $3""",

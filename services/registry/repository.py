@@ -155,11 +155,11 @@ async def lock_model(
     )
     row = await conn.fetchrow(
         "SELECT id, name, latest_version FROM models WHERE team = $1 AND lower(name) = lower($2) "
-        "ORDER BY name = $2 DESC, id LIMIT 1 FOR UPDATE",
+        "AND deleted_at IS NULL ORDER BY name = $2 DESC, id LIMIT 1 FOR UPDATE",
         team,
         name,
     )
-    assert row is not None  # inserted above or there already; models are never deleted
+    assert row is not None  # inserted above, or a model not deleted is there already
     if row["name"] != name:
         raise NameTaken("name", "model", row["name"], f"team {team}")
     return int(row["id"]), int(row["latest_version"])
@@ -170,7 +170,7 @@ async def model_spelling(conn: asyncpg.Connection, team: str, name: str) -> str 
     model is spelled so, else the oldest whose name differs only by case; None when none."""
     found: str | None = await conn.fetchval(
         "SELECT name FROM models WHERE team = $1 AND lower(name) = lower($2) "
-        "ORDER BY name = $2 DESC, id LIMIT 1",
+        "AND deleted_at IS NULL ORDER BY name = $2 DESC, id LIMIT 1",
         team,
         name,
     )
@@ -221,7 +221,8 @@ async def versions_of_model(
     ``after``, oldest first."""
     rows = await conn.fetch(
         f"SELECT {_VERSION_COLUMNS} FROM model_versions v JOIN models m ON m.id = v.model_id "
-        "WHERE m.team = $1 AND m.name = $2 AND v.deleted_at IS NULL AND v.version > $4 "
+        "WHERE m.team = $1 AND m.name = $2 AND m.deleted_at IS NULL AND v.deleted_at IS NULL "
+        "AND v.version > $4 "
         "ORDER BY v.version LIMIT $3",
         team,
         name,
@@ -237,7 +238,7 @@ async def model_version(
     """One version, deleted ones included (``deleted_at`` says so)."""
     row = await conn.fetchrow(
         f"SELECT {_VERSION_COLUMNS} FROM model_versions v JOIN models m ON m.id = v.model_id "
-        "WHERE m.team = $1 AND m.name = $2 AND v.version = $3",
+        "WHERE m.team = $1 AND m.name = $2 AND m.deleted_at IS NULL AND v.version = $3",
         team,
         name,
         version,
@@ -248,6 +249,9 @@ async def model_version(
 async def model_exists(conn: asyncpg.Connection, team: str, name: str) -> bool:
     return bool(
         await conn.fetchval(
-            "SELECT EXISTS (SELECT 1 FROM models WHERE team = $1 AND name = $2)", team, name
+            "SELECT EXISTS (SELECT 1 FROM models WHERE team = $1 AND name = $2 "
+            "AND deleted_at IS NULL)",
+            team,
+            name,
         )
     )

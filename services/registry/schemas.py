@@ -249,3 +249,16 @@ class Freed(_Schema):
     version: int
     objects: int
     bytes: int
+
+
+class ModelDeleted(_Schema):
+    """What deleting a model did: its name is free, its versions stay tombstones."""
+
+    team: str
+    model: str
+    tombstones: int
+    """Its deleted versions, kept for the lineage that names them."""
+    objects: int
+    """Objects of those versions still in the store, freed now (version deletion frees
+    them; these are what a failed free left)."""
+    bytes: int

@@ -249,3 +249,67 @@ def test_note_if_match_without_text_is_a_usage_error(
 ) -> None:
     assert cli.main([*BASE, "note", JOB, "--if-match", TAG]) == Exit.USAGE
     assert "give TEXT" in capsys.readouterr().err
+
+
+MODEL = {
+    "team": "ml",
+    "name": "bert",
+    "project": "nlp",
+    "latest_version": 3,
+    "versions": 0,
+    "aliases": {},
+    "created_at": T0,
+    "grants": [],
+}
+DELETED = {"team": "ml", "model": "bert", "tombstones": 3, "objects": 0, "bytes": 0}
+
+
+def test_model_show_prints_its_etag_and_delete_sends_it_as_if_match(
+    api: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``model show TEAM/NAME`` prints the model's ETag last (on stderr with ``--json``);
+    ``model delete TEAM/NAME --if-match`` sends it, and without it no condition. Before,
+    a model could not be deleted, and its ``show`` printed no tag."""
+
+    def route(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/versions"):
+            return httpx.Response(200, json={"versions": [], "next": None})
+        if request.method == "GET":
+            return httpx.Response(200, json=MODEL, headers={"ETag": TAG})
+        return httpx.Response(200, json=DELETED)
+
+    api["route"] = route
+    assert cli.main([*BASE, "model", "show", "ml/bert"]) == Exit.OK
+    assert capsys.readouterr().out.splitlines()[-1] == f"etag: {TAG}"
+    assert cli.main([*BASE, "model", "show", "ml/bert", "--json"]) == Exit.OK
+    out = capsys.readouterr()
+    assert json.loads(out.out)["name"] == "bert" and out.err == f"etag: {TAG}\n"
+    api["sent"].clear()
+    assert cli.main([*BASE, "model", "delete", "ml/bert", "--if-match", TAG]) == Exit.OK
+    request = api["sent"][-1]
+    assert (request.method, request.url.path) == ("DELETE", "/v1/models/ml/bert")
+    assert request.headers["If-Match"] == TAG
+    assert capsys.readouterr().out == (
+        "deleted ml/bert; its name is free (its 3 deleted versions stay in the lineage made "
+        "from them; freed 0 objects, 0 bytes)\n"
+    )
+    assert cli.main([*BASE, "model", "delete", "ml/bert"]) == Exit.OK
+    assert "If-Match" not in api["sent"][-1].headers
+
+
+@pytest.mark.parametrize(
+    ("status", "detail"),
+    [
+        (412, "If-Match: it was changed since it was read"),
+        (409, "model ml/bert has 1 live version (3): delete it first"),
+    ],
+)
+def test_a_refused_model_delete_is_one_line(
+    api: dict[str, Any], capsys: pytest.CaptureFixture[str], status: int, detail: str
+) -> None:
+    field = [{"field": "If-Match", "message": detail}] if status == 412 else []
+    api["route"] = lambda r: httpx.Response(status, json={"detail": detail, "errors": field})
+    assert cli.main([*BASE, "model", "delete", "ml/bert", "--if-match", TAG]) == Exit.ERROR
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert ("trainyard model show ml/bert" if status == 412 else detail) in err

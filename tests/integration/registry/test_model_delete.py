@@ -1,0 +1,139 @@
+"""Deleting a whole model, against real PostgreSQL and a real S3 endpoint: refused while it
+has live versions, conditional on the model's ETag, its name freed for a new model, the same
+404 as a model that never existed to everyone after, and the lineage of jobs made from it
+still readable. (Before, a model could not be deleted: its name stayed taken for good.)"""
+
+from __future__ import annotations
+
+import uuid
+
+import asyncpg
+import pytest
+
+from tests.integration.registry.modelkit import (
+    ML,
+    VISION,
+    VISION_ADMIN,
+    app_as,
+    job_with_checkpoints,
+    register,
+)
+from tests.integration.registry.test_lineage import get, run_job
+from trainyard_platform.shared.storage import ObjectStore
+
+pytestmark = pytest.mark.integration
+
+
+async def test_a_model_without_live_versions_is_deleted_and_its_name_freed(
+    pool: asyncpg.Pool, store: ObjectStore
+) -> None:
+    name = f"digts-{uuid.uuid4().hex[:6]}"  # mistyped
+    job = await job_with_checkpoints(pool, store, [1, 2])
+    async with app_as(pool, store, VISION_ADMIN) as client:
+        for checkpoint in job.checkpoints:
+            made = await register(client, "vision", name, job, checkpoint_uri=checkpoint.uri)
+            assert made.status_code == 201, made.text
+        await client.put(f"/v1/models/vision/{name}/aliases/production", json={"version": 2})
+        await client.put(f"/v1/models/vision/{name}/grants/ml")
+
+        refused = await client.delete(f"/v1/models/vision/{name}")
+        assert refused.status_code == 409, refused.text
+        assert refused.json()["detail"] == (
+            f"model vision/{name} has 2 live versions (1, 2): delete them first "
+            f"(trainyard model rm vision/{name} VERSION), then the model"
+        )
+        read = await client.get(f"/v1/models/vision/{name}")
+        stale = read.headers["ETag"]
+        assert (await client.delete(f"/v1/models/vision/{name}/aliases/production")).is_success
+        for version in (1, 2):
+            gone = await client.delete(f"/v1/models/vision/{name}/versions/{version}")
+            assert gone.status_code == 200, gone.text
+        # A tag read before the versions went is not the model now: nothing deleted.
+        changed = await client.delete(f"/v1/models/vision/{name}", headers={"If-Match": stale})
+        assert changed.status_code == 412, changed.text
+        assert changed.json()["errors"][0]["field"] == "If-Match"
+        fresh = (await client.get(f"/v1/models/vision/{name}")).headers["ETag"]
+        assert fresh != stale
+
+        deleted = await client.delete(f"/v1/models/vision/{name}", headers={"If-Match": fresh})
+        assert deleted.status_code == 200, deleted.text
+        assert deleted.json() == {
+            "team": "vision",
+            "model": name,
+            "tombstones": 2,
+            "objects": 0,
+            "bytes": 0,
+        }
+        for path in ("", "/versions", "/versions/1", "/aliases"):
+            assert (await client.get(f"/v1/models/vision/{name}{path}")).status_code == 404
+        gone = (await client.get(f"/v1/models/vision/{name}")).json()["detail"]
+        assert gone.startswith(f"no model {name!r} in team 'vision'")  # as one never made
+        assert (await client.delete(f"/v1/models/vision/{name}")).status_code == 404
+        listed = (await client.get("/v1/models?limit=500")).json()["models"]
+        assert name not in {m["name"] for m in listed}
+
+        # The name is free: a new model of it starts again at version 1, with no alias.
+        again = await register(client, "vision", name, job)
+        assert again.status_code == 201, again.text
+        assert again.json()["version"] == 1
+        model = (await client.get(f"/v1/models/vision/{name}")).json()
+        assert (model["versions"], model["aliases"], model["grants"]) == (1, {}, [])
+
+    async with pool.acquire() as conn:
+        audited = await conn.fetchval(
+            "SELECT count(*) FROM audit_log WHERE action = 'delete model' AND target = $1",
+            f"vision/{name}",
+        )
+        moves = await conn.fetch(
+            "SELECT to_version FROM model_alias_moves mv JOIN models m ON m.id = mv.model_id "
+            "WHERE m.team = 'vision' AND m.name = $1 ORDER BY mv.id",
+            name,
+        )
+    assert audited == 1
+    assert [m["to_version"] for m in moves] == [2, None]  # the old model's history stays
+
+
+async def test_another_team_gets_the_404_of_a_model_that_does_not_exist(
+    pool: asyncpg.Pool, store: ObjectStore
+) -> None:
+    name = f"shared-{uuid.uuid4().hex[:6]}"
+    job = await job_with_checkpoints(pool, store, [1])
+    async with app_as(pool, store, VISION_ADMIN) as client:
+        assert (await register(client, "vision", name, job)).status_code == 201
+        await client.put(f"/v1/models/vision/{name}/grants/ml")
+    async with app_as(pool, store, ML) as ml:
+        assert (await ml.get(f"/v1/models/vision/{name}")).status_code == 200
+        # A grant lets ml read the model, not delete it: the words of any other team's write.
+        refused = await ml.delete(f"/v1/models/vision/{name}")
+        absent = await ml.delete("/v1/models/vision/no-such-model")
+        assert refused.status_code == absent.status_code == 404
+        assert refused.json()["detail"].replace(name, "X") == absent.json()["detail"].replace(
+            "no-such-model", "X"
+        )
+    async with app_as(pool, store, VISION) as client:
+        assert (await client.delete(f"/v1/models/vision/{name}/versions/1")).status_code == 200
+        assert (await client.delete(f"/v1/models/vision/{name}")).status_code == 200
+    async with app_as(pool, store, ML) as ml:
+        for path in (f"vision/{name}", "vision/no-such-model"):
+            assert (await ml.get(f"/v1/models/{path}")).status_code == 404
+        granted = (await ml.get("/v1/models?granted=true")).json()["models"]
+        assert name not in {m["name"] for m in granted}
+
+
+async def test_the_lineage_of_a_job_made_from_a_deleted_model_stays_readable(
+    pool: asyncpg.Pool, store: ObjectStore
+) -> None:
+    tag = uuid.uuid4().hex[:6]
+    base, tuned = f"base-{tag}", f"tuned-{tag}"
+    await run_job(pool, store, base)
+    await run_job(pool, store, tuned, parent_model=f"vision/{base}:1")
+    async with app_as(pool, store, VISION) as vision:
+        for path in (f"{tuned}/versions/1", f"{base}/versions/1", base):
+            gone = await vision.delete(f"/v1/models/vision/{path}")
+            assert gone.status_code == 200, gone.text
+        up = await get(vision, f"/v1/lineage/models/vision/{tuned}/versions/1/upstream")
+    deleted = {n["id"]: n["deleted"] for n in up["nodes"] if n["kind"] == "model_version"}
+    assert deleted == {
+        f"model_version:vision/{base}:1": True,
+        f"model_version:vision/{tuned}:1": True,
+    }
