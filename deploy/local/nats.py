@@ -139,6 +139,7 @@ _CONSUMES: dict[str, list[str]] = {
         BudgetUpdated,
     ),
     "registry": _every(
+        JobSubmitted,
         AllocationGranted,
         JobStarted,
         CheckpointSaved,

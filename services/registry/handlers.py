@@ -19,7 +19,10 @@ open transactions held back PostgreSQL's vacuum.
   (``artifacts.source_key``).
 - ``job.started``: the run is recorded (once per allocation).
 - ``job.started`` also records what the job was given: its dataset versions (the access
-  audit) and its parent model version (``job_inputs``).
+  audit) and its parent model version (``job_inputs``). The parent is recorded already
+  from the job's ``job.submitted`` or grant when one of those comes first, and marked ended
+  by its ``job.succeeded``, the scheduler's ``job.failed`` or ``job.cancelled``: until then
+  the version cannot be deleted, from the job's admission on (``models.delete_version``).
 - ``checkpoint.saved``: the checkpoint is recorded (once per job and object).
 - ``job.succeeded``: when the job's spec asks for it (``register_model: true``), a model
   version is registered: ``prepare`` reads what the success registers (``plan``) on a
@@ -101,6 +104,7 @@ from trainyard_platform.shared.events.payloads import (
     JobFailed,
     JobMetrics,
     JobStarted,
+    JobSubmitted,
     JobSucceeded,
 )
 from trainyard_platform.shared.events.trust import SCHEDULER
@@ -263,8 +267,14 @@ class RegistryHandlers:
         self, envelope: Envelope[Payload], conn: asyncpg.Connection, copies: Copies = NO_COPIES
     ) -> None:
         match envelope.data:
+            case JobSubmitted() as submitted:
+                # From admission on, the version it fine-tunes from is kept for it.
+                await job_inputs.record_parent(
+                    conn, submitted.job_id, submitted.spec, self._clock()
+                )
             case AllocationGranted() as grant:
                 await repo.insert_grant(conn, grant, spec_digest(grant.spec), self._clock())
+                await job_inputs.record_parent(conn, grant.job_id, grant.spec, self._clock())
             case JobStarted() as started:
                 await self.on_started(conn, started)
             case CheckpointSaved() as saved:
@@ -276,6 +286,7 @@ class RegistryHandlers:
                 await tracking.record_ended(
                     conn, succeeded.job_id, "succeeded", succeeded.finished_at
                 )
+                await job_inputs.ended(conn, succeeded.job_id, succeeded.finished_at)
                 await reproductions.on_ended(
                     conn,
                     succeeded.job_id,
@@ -287,11 +298,13 @@ class RegistryHandlers:
                 )
             case JobFailed() as failed if envelope.source == SCHEDULER:
                 await tracking.record_ended(conn, failed.job_id, "failed", failed.finished_at)
+                await job_inputs.ended(conn, failed.job_id, failed.finished_at)
                 await reproductions.on_ended(
                     conn, failed.job_id, "failed", failed.finished_at, self._clock()
                 )
             case JobCancelled() as cancelled:
                 await tracking.record_ended(conn, cancelled.job_id, "cancelled", envelope.time)
+                await job_inputs.ended(conn, cancelled.job_id, envelope.time)
                 await reproductions.on_ended(
                     conn, cancelled.job_id, "cancelled", envelope.time, self._clock()
                 )

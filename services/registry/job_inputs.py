@@ -6,7 +6,12 @@ Contract:
   at admission, the latest is taken otherwise) is recorded once per job in
   ``dataset_access``, with the job's team and the allocation that first started.
 - The spec's ``parent_model`` (``team/name:version`` or ``@alias``, an alias resolved now)
-  is recorded once per job in ``job_parents``; the first start's answer stays.
+  is recorded once per job in ``job_parents`` (``record_parent``) from the first of its
+  ``job.submitted`` (admitted, waiting), grant or start that the registry hears: the first
+  answer stays. ``ended`` marks it ended when the job ends (succeeded, failed for good,
+  cancelled); until then its parent version cannot be deleted (``models.delete_version``).
+  A parent deleted before the registry heard of the job (between submission's check and
+  its ``job.submitted``) is recorded as its tombstone, logged at WARNING.
 - Only what the job's team may read is recorded: a dataset or a model neither its own nor
   granted to it (``dataset_repository.readable``, ``model_grants.readable``), or anything that does not exist is logged at WARNING and skipped
   (submission refuses such a job at admission; one that got past it is not given a lineage
@@ -26,7 +31,7 @@ from trainyard_platform.services.registry import dataset_repository as datasets
 from trainyard_platform.services.registry import model_grants, references
 from trainyard_platform.services.registry import model_repository as models_repo
 from trainyard_platform.services.registry import repository as repo
-from trainyard_platform.shared.events.payloads import JobStarted
+from trainyard_platform.shared.events.payloads import JobSpec, JobStarted
 
 log = logging.getLogger(__name__)
 
@@ -52,18 +57,23 @@ async def record(conn: asyncpg.Connection, started: JobStarted, now: datetime) -
         await datasets.record_access(
             conn, started.job_id, found, spec.team, started.allocation_id, now
         )
-    if spec.parent_model is not None:
-        await _record_parent(conn, started, spec.parent_model, now)
+    await record_parent(conn, started.job_id, spec, now)
 
 
-async def _record_parent(
-    conn: asyncpg.Connection, started: JobStarted, text: str, now: datetime
+async def record_parent(
+    conn: asyncpg.Connection, job_id: str, spec: JobSpec, now: datetime
 ) -> None:
-    team = started.spec.team
+    """Record the version ``spec`` names as ``parent_model`` as ``job_id``'s parent, unless
+    one is recorded already (module docstring); nothing for a spec that names none."""
+    if spec.parent_model is None:
+        return
+    if await conn.fetchval("SELECT 1 FROM job_parents WHERE job_id = $1", job_id):
+        return  # the first answer stays; an alias is not resolved again
+    team, text = spec.team, spec.parent_model
     try:
         ref = references.parse(text, alias_allowed=True)
     except ValueError as exc:
-        log.warning("job %s: parent model %s; not recorded", started.job_id, exc)
+        log.warning("job %s: parent model %s; not recorded", job_id, exc)
         return
     number = ref.version
     if ref.alias is not None:
@@ -78,15 +88,31 @@ async def _record_parent(
         log.warning(
             "job %s of team %s: parent model %s does not exist or is not readable by the team; "
             "not recorded",
-            started.job_id,
+            job_id,
             team,
             text,
         )
         return
+    if parent.deleted_at is not None:
+        log.warning(
+            "job %s of team %s: its parent model %s was deleted before the registry heard of "
+            "the job; it fine-tunes from a deleted version (recorded as its tombstone's child)",
+            job_id,
+            team,
+            text,
+        )
     await conn.execute(
         """INSERT INTO job_parents (job_id, parent_version_id, recorded_at)
            VALUES ($1, $2, $3) ON CONFLICT (job_id) DO NOTHING""",
-        started.job_id,
+        job_id,
         uuid.UUID(parent.id),
         now,
+    )
+
+
+async def ended(conn: asyncpg.Connection, job_id: str, at: datetime) -> None:
+    """``job_id`` ended (succeeded, failed for good, or cancelled): its parent version, if it
+    named one, is no longer kept for it."""
+    await conn.execute(
+        "UPDATE job_parents SET ended_at = $2 WHERE job_id = $1 AND ended_at IS NULL", job_id, at
     )

@@ -70,8 +70,8 @@ class AliasInUse(Exception):
 
 
 class ParentInUse(Exception):
-    """The version cannot be deleted: a live version was fine-tuned from it, or a running
-    job is fine-tuning from it (answered 409)."""
+    """The version cannot be deleted: a live version was fine-tuned from it, or a job that
+    has not ended (waiting to start or running) fine-tunes from it (answered 409)."""
 
 
 class ModelInUse(Exception):
@@ -80,6 +80,8 @@ class ModelInUse(Exception):
 
 SHOWN_VERSIONS = 10
 """The most live versions a refusal to delete a model names."""
+SHOWN_CHILDREN = 10
+"""The most versions and jobs made from a version that a refusal to delete it names."""
 
 
 class VersionGone(Exception):
@@ -236,8 +238,9 @@ async def delete_version(
     conn: asyncpg.Connection, model_id: int, version: ModelVersion, actor: str, now: datetime
 ) -> bool:
     """Tombstone ``version`` (the model's row locked by the caller); ``AliasInUse`` while an
-    alias points at it, ``ParentInUse`` while a live version was fine-tuned from it or a
-    running job is fine-tuning from it (a lineage edge needs its artifact). False when it was deleted already."""
+    alias points at it, ``ParentInUse`` (naming them) while a live version was fine-tuned
+    from it or a job that has not ended (admitted and waiting, or running) fine-tunes from
+    it (a lineage edge needs its artifact). False when it was deleted already."""
     pointing = await models_repo.aliases_of_version(conn, model_id, version.version)
     if pointing:
         quoted = [repr(a) for a in pointing]
@@ -251,24 +254,33 @@ async def delete_version(
             f"version {version.version} of {version.team}/{version.model_name} is what {which}"
         )
     # A lineage edge needs it: a live version made by a job that fine-tuned from it, or a
-    # job fine-tuning from it that is still running (tracking's status).
-    child = await conn.fetchrow(
+    # job fine-tuning from it that has not ended, from its admission on (waiting or running,
+    # ``job_inputs``).
+    rows = await conn.fetch(
         """SELECT m.team || '/' || m.name || ' v' || v.version AS what FROM job_parents p
            JOIN model_versions v ON v.job_id = p.job_id AND v.deleted_at IS NULL
            JOIN models m ON m.id = v.model_id
            WHERE p.parent_version_id = $1
            UNION ALL
-           SELECT 'running job ' || p.job_id FROM job_parents p
-           JOIN tracked_jobs t ON t.job_id = p.job_id AND t.status = 'running'
-           WHERE p.parent_version_id = $1
-           LIMIT 1""",
+           SELECT CASE WHEN t.status = 'running' THEN 'running job ' || p.job_id
+                       ELSE 'waiting job ' || p.job_id || ' (admitted, not started)' END
+           FROM job_parents p LEFT JOIN tracked_jobs t ON t.job_id = p.job_id
+           WHERE p.parent_version_id = $1 AND p.ended_at IS NULL
+           LIMIT $2""",
         uuid.UUID(version.id),
+        SHOWN_CHILDREN + 1,
     )
-    if child is not None:
+    if rows:
+        children = [r["what"] for r in rows[:SHOWN_CHILDREN]]
+        if len(rows) > SHOWN_CHILDREN:
+            children.append("more")
+        listed = (
+            children[0] if len(children) == 1 else f"{', '.join(children[:-1])} and {children[-1]}"
+        )
         raise ParentInUse(
             f"version {version.version} of {version.team}/{version.model_name} is the parent "
-            f"of {child['what']} (fine-tuned from it); delete the versions made from it, or "
-            "wait for the job to end, first"
+            f"of {listed} (fine-tuned from it); delete the versions made from it, and wait for "
+            "the jobs to end (or cancel them), first"
         )
     return await models_repo.mark_deleted(conn, model_id, version.version, actor, now)
 

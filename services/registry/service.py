@@ -21,6 +21,7 @@ from trainyard_platform.shared.events.payloads import (
     JobFailed,
     JobMetrics,
     JobStarted,
+    JobSubmitted,
     JobSucceeded,
 )
 from trainyard_platform.shared.outbox import OutboxRelay
@@ -32,6 +33,7 @@ MIGRATIONS = Path(__file__).parent / "migrations"
 SUBJECTS = [
     nats_subject(payload)
     for payload in (
+        JobSubmitted,
         AllocationGranted,
         JobStarted,
         CheckpointSaved,

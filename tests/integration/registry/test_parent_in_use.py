@@ -1,0 +1,76 @@
+"""A parent version cannot vanish under a job: from the moment the registry hears of a job
+naming it as ``parent_model`` (its ``job.submitted``: admitted, still waiting) until the job
+ends, deleting that version answers 409 naming the job. Before, only a running job kept its
+parent: one deleted while the job waited (between admission and start) was gone when the
+job started, which then fine-tuned from nothing."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import asyncpg
+import pytest
+
+from tests.integration.registry.modelkit import VISION, app_as, apply
+from tests.integration.registry.test_lineage import run_job
+from tests.integration.registry.test_registry import T0, ref, spec, started, succeeded
+from trainyard_platform.shared.events.payloads import (
+    AllocationGranted,
+    JobCancelled,
+    JobSubmitted,
+)
+from trainyard_platform.shared.storage import ObjectStore
+
+pytestmark = pytest.mark.integration
+
+
+async def test_a_version_a_waiting_job_fine_tunes_from_cannot_be_deleted_until_it_ends(
+    pool: asyncpg.Pool, store: ObjectStore
+) -> None:
+    tag = uuid.uuid4().hex[:6]
+    base = f"base-{tag}"
+    await run_job(pool, store, base)
+    parent = f"/v1/models/vision/{base}/versions/1"
+    waiting, cancelled = str(uuid.uuid4()), str(uuid.uuid4())
+    tuned = spec(f"tuned-{tag}").model_copy(update={"parent_model": f"vision/{base}:1"})
+    for job in (waiting, cancelled):
+        await apply(pool, store, job, JobSubmitted(job_id=job, spec=tuned, submitted_at=T0))
+
+    # Admitted, not started: the race. The parent stays, and the refusal names both jobs.
+    async with app_as(pool, store, VISION) as vision:
+        refused = await vision.delete(parent)
+        assert refused.status_code == 409, refused.text
+        detail = refused.json()["detail"]
+        assert f"waiting job {waiting} (admitted, not started)" in detail
+        assert f"waiting job {cancelled} (admitted, not started)" in detail
+
+    # One is cancelled while it waits; the other is granted, starts, and succeeds.
+    await apply(pool, store, cancelled, JobCancelled(job_id=cancelled, reason="by alice"))
+    allocation = f"a-{waiting}"
+    grant = AllocationGranted(
+        allocation_id=allocation,
+        job_id=waiting,
+        node_id="node-a",
+        gpu_indices=[0],
+        epoch=1,
+        attempt=0,
+        granted_at=T0 + timedelta(minutes=1),
+        spec=tuned,
+    )
+    await apply(pool, store, waiting, grant)
+    async with app_as(pool, store, VISION) as vision:
+        refused = await vision.delete(parent)
+        assert refused.status_code == 409, refused.text
+        assert f"waiting job {waiting} (admitted, not started)" in refused.json()["detail"]
+        assert cancelled not in refused.json()["detail"]
+    await apply(pool, store, waiting, started(waiting, allocation, 0, tuned))
+    async with app_as(pool, store, VISION) as vision:
+        refused = await vision.delete(parent)
+        assert refused.status_code == 409 and f"running job {waiting}" in refused.text
+    await apply(pool, store, waiting, succeeded(waiting, allocation, ref(store, waiting, 3)))
+    async with app_as(pool, store, VISION) as vision:
+        # Ended: its own version (a live child) is what keeps the parent now.
+        assert f"vision/tuned-{tag} v1" in (await vision.delete(parent)).text
+        assert (await vision.delete(f"/v1/models/vision/tuned-{tag}/versions/1")).is_success
+        assert (await vision.delete(parent)).status_code == 200
