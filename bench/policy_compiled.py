@@ -23,6 +23,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -67,19 +69,36 @@ print(json.dumps({
 """
 
 
-def one_process(path: list[Path], nodes: int, passes: int) -> dict[str, Any]:
-    """One process of an arm: ``path`` first on its import path (``-P``: not the working
-    folder, which holds the checkout's own ``trainyard_platform``)."""
+@contextmanager
+def compiled_copy() -> Iterator[Path]:
+    """A temporary folder holding a copy of the checkout's ``trainyard_platform`` with the
+    policy compiled (removed at the end)."""
+    with tempfile.TemporaryDirectory(prefix="policy-compiled-") as folder:
+        root = copy_for_compiling(REPO, Path(folder))
+        compile_policy(root)
+        yield root
+
+
+def python_with(path: list[Path], args: list[str], capture: bool = True) -> str:
+    """Run ``python -P *args`` in the checkout with ``path`` first on the import path (``-P``:
+    not the working folder, which holds the checkout's own ``trainyard_platform``); its
+    output when ``capture``."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in path)}
     done = subprocess.run(
-        [sys.executable, "-P", "-c", ONE_PROCESS, str(nodes), str(passes)],
+        [sys.executable, "-P", *args],
         cwd=REPO,
         env=env,
-        capture_output=True,
+        capture_output=capture,
         text=True,
         check=True,
     )
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return done.stdout or ""
+
+
+def one_process(path: list[Path], nodes: int, passes: int) -> dict[str, Any]:
+    """One process of an arm, ``path`` first on its import path."""
+    out = python_with(path, ["-c", ONE_PROCESS, str(nodes), str(passes)])
+    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     return result
 
 
@@ -92,9 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     load_before = [round(x, 2) for x in os.getloadavg()]
     runs: dict[str, list[dict[str, Any]]] = {"interpreted": [], "compiled": []}
-    with tempfile.TemporaryDirectory(prefix="policy-compiled-") as folder:
-        root = copy_for_compiling(REPO, Path(folder))
-        compile_policy(root)
+    with compiled_copy() as root:
         paths = {"interpreted": [REPO], "compiled": [root, REPO]}
         for i in range(args.processes):
             for arm in ("interpreted", "compiled"):

@@ -4,7 +4,8 @@ scale (10,000 nodes, 100,000 pending jobs in 500 queues): full pass, incremental
 for a seeded mix of events (``policy.incremental.Incremental``), and memory.
 
 Run: ``.venv/bin/python -m bench.scheduler_scale`` (``--quick`` for a smoke run; ``--ten-x``
-adds minutes). Prints a table and writes ``bench/results/scheduler_scale.json``.
+adds minutes; ``--compiled`` runs it all against the policy compiled with mypyc, as the
+services' image runs it). Prints a table and writes ``bench/results/scheduler_scale.json``.
 
 Scenario (seeded, the same on every run), scaled with the node count ``N``:
 - ``N`` nodes x 8 GPUs, 60% a100 / 40% h100, topology domains (racks) of 16 nodes;
@@ -53,6 +54,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from bench._host import describe
+from bench.policy_compiled import REPO, compiled_copy, python_with
+from trainyard_platform.services.scheduler.compiled import is_compiled
 from trainyard_platform.services.scheduler.convert import Built
 from trainyard_platform.services.scheduler.fast_path import Kept, decide
 from trainyard_platform.services.scheduler.policy import PolicyState, decide_arrival, schedule
@@ -513,7 +516,18 @@ def main(argv: list[str] | None = None) -> int:
         help="also issue 16's scale: 10,000 nodes, 100,000 pending, 500 queues (minutes)",
     )
     parser.add_argument("--events", type=int, default=24, help="events timed at --ten-x")
+    parser.add_argument(
+        "--compiled",
+        action="store_true",
+        help="run against the policy compiled with mypyc, as the services' image runs it "
+        "(a copy compiled in a temporary folder first)",
+    )
     args = parser.parse_args(argv)
+    if args.compiled and not is_compiled():
+        with compiled_copy() as root:
+            given = sys.argv[1:] if argv is None else argv
+            python_with([root, REPO], ["-m", "bench.scheduler_scale", *given], capture=False)
+        return 0
     sizes = (10, 100) if args.quick else (10, 100, 1000)
     repeats = 1 if args.quick else args.repeats
     rows = [row(n, repeats) for n in sizes]
@@ -556,6 +570,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "machine": describe(),
+        "policy": "compiled" if is_compiled() else "interpreted",
         "rows": rows,
         "jobs_sweep": sweep,
         "peak_traced_mib": peak,
