@@ -21,6 +21,7 @@ one made by ``copy_for_compiling``.
 from __future__ import annotations
 
 import argparse
+import importlib.machinery
 import shutil
 import subprocess
 import sys
@@ -37,8 +38,9 @@ class CannotCompile(Exception):
 
 
 def is_compiled() -> bool:
-    """Whether the policy running in this process is the compiled one."""
-    return not engine.__file__.endswith(".py")
+    """Whether the policy running in this process is the compiled one (an extension module,
+    not a ``.py`` or a ``.pyc`` of one)."""
+    return engine.__file__.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES))
 
 
 def installed_root() -> Path:
