@@ -122,3 +122,17 @@ def test_a_new_month_reserves_from_the_whole_amount_before_billing_says_it() -> 
     assert (budget["month"], budget["spent"]) == ("2025-03", "0.000000")
     placed, built, _ = started(last)
     assert placed == ["a0"] and built.holds == {}
+
+
+def test_a_job_whose_worst_case_exceeds_the_amount_waits_in_this_month_and_the_next() -> None:
+    # docs/operations.md, "Upgrade" (the scheduler's 0013): only a raise lets it start.
+    short = {"amount": "2.000000"}  # below one job's 2.50
+    for row in (
+        reserving_budget("team-a", **short),
+        reserving_budget("team-a", month="2025-02", spent="2.000000", exhausted=True, **short),
+    ):
+        placed, built, _ = started(row, pending=four_jobs()[:1])
+        assert placed == []
+        assert [r["job_id"] for r in built.budget_held] == ["a0"]
+    placed, _, _ = started(reserving_budget("team-a", amount="2.500000"), pending=four_jobs()[:1])
+    assert placed == ["a0"]
