@@ -27,6 +27,7 @@ import nats
 import pytest
 from nats.aio.client import Client as NatsClient
 from nats.errors import Error as NatsError
+from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 
 from trainyard_platform.deploy.local.nats import (
@@ -43,11 +44,14 @@ from trainyard_platform.deploy.local.nats import (
 )
 from trainyard_platform.deploy.local.stack import RUNNER_NODE_ID, SERVICES
 from trainyard_platform.services.runner import domain as runner_domain
+from trainyard_platform.services.runner.publishing import publish_until_sent
 from trainyard_platform.shared.bus import (
+    NATS_NOT_ANSWERING,
     Bus,
     Reject,
     attempts_subject,
     dedup_key,
+    infrastructure_fault,
     keyed_msg_id,
 )
 from trainyard_platform.shared.events import Envelope, Payload, nats_subject
@@ -55,6 +59,7 @@ from trainyard_platform.shared.events.payloads import (
     AllocationGranted,
     AllocationReleased,
     AllocationRevoked,
+    CheckpointRef,
     CheckpointSaved,
     CostRecorded,
     JobFailed,
@@ -694,3 +699,60 @@ def test_the_compose_config_is_the_local_rules(tmp_path: Path) -> None:
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+async def test_a_report_on_its_jobs_subject_is_refused_and_the_runner_keeps_retrying_it(
+    server: NatsServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """docs/operations.md, "Upgrade" (runner reports on node subjects): a runner from before
+    them publishes its reports on ``<type>.<job>``, as this ``checkpoint.saved`` without
+    ``node_id`` still is. Under the new permissions NATS refuses it: the publish gets no
+    acknowledgement (a timeout, which the bus takes for NATS not answering), nothing is
+    stored, and the runner's publisher keeps the report and tries it again, holding the
+    job's later events behind it, for as long as it runs."""
+    job = str(uuid.uuid4())
+    saved = CheckpointSaved(
+        job_id=job,
+        allocation_id="a-1",
+        epoch=1,
+        checkpoint=CheckpointRef(
+            uri=f"s3://b/jobs/{job}/checkpoints/step-00000001/checkpoint.pt",
+            manifest_uri=f"s3://b/jobs/{job}/checkpoints/step-00000001/manifest.json",
+            step=1,
+            size_bytes=1,
+            sha256="0" * 64,
+        ),
+        saved_at=datetime.now(UTC),
+    )
+    report = Envelope.wrap(saved, source=RUNNER, subject=job)
+    assert report.nats_subject == f"{CheckpointSaved.TYPE}.{job}"
+    runner_user = _user(server, "runner", NODE_A)
+    quick = _settings(server, runner_user).model_copy(update={"publish_timeout_seconds": 0.5})
+    async with (
+        Bus.connect(_settings(server, _user(server, "scheduler")), "scheduler"),
+        Bus.connect(quick, runner_user.name) as runner,
+    ):
+        with (
+            caplog.at_level(logging.WARNING, logger="trainyard_platform.shared.bus"),
+            pytest.raises(NatsTimeoutError) as refused,
+        ):
+            await runner.publish_raw(report.nats_subject, report.to_json(), report.id, {})
+        assert (infrastructure_fault(refused.value) or "").startswith(NATS_NOT_ANSWERING)
+        said = [r.getMessage().lower() for r in caplog.records]
+        assert any(
+            "permissions violation" in m and report.nats_subject.lower() in m for m in said
+        ), said
+        retrying = asyncio.create_task(
+            publish_until_sent(runner, report, None, record=False, after_grant=False)
+        )
+        try:
+            # Several refused tries (0.5 s each, then a pause): it is still trying.
+            done, _ = await asyncio.wait({retrying}, timeout=3)
+            assert not done
+        finally:
+            retrying.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await retrying
+        async with session(server, runner_user) as s:
+            info = await s.nc.jetstream().stream_info("TRAINYARD", subjects_filter=">")
+        assert report.nats_subject not in (info.state.subjects or {})

@@ -109,3 +109,22 @@ def test_the_schedulers_word_on_a_runners_behalf_names_no_node_in_its_subject() 
     assert nats_subject_for(JobFailed.TYPE, SCHEDULER, "job-1", "node-a") == (
         f"{JobFailed.TYPE}.by-scheduler"
     )
+
+
+@pytest.mark.parametrize("payload", _reports(), ids=lambda p: p.TYPE)
+def test_a_report_of_a_runner_from_before_node_subjects_is_judged_by_the_node_it_names(
+    payload: type[Payload],
+) -> None:
+    """docs/operations.md, "Upgrade" (runner reports on node subjects): a runner from
+    before publishes every report on ``<type>.<job>``. Where NATS still lets it (the old
+    permissions), a report naming its node (``job.started`` and the ends always do) is
+    dead-lettered as forged by the new consumers; one without (its ``job.progress`` and
+    ``checkpoint.saved``) is believed. A redrive, which comes on the consumer's own subject
+    (no subject to compare), is judged by the source alone."""
+    old = f"{payload.TYPE}.job-1"
+    named = forged_because(payload.TYPE, RUNNER, routing_key="job-1", subject=old, node="n1")
+    assert named == f"{payload.TYPE} from {RUNNER} travels on {old}.n1, not on {old}"
+    assert forged_because(payload.TYPE, RUNNER, routing_key="job-1", subject=old) is None
+    assert forged_because(payload.TYPE, RUNNER, routing_key="job-1", node="n1") is None
+    node_field = payload.model_fields["node_id"]
+    assert node_field.is_required() == (payload not in (JobProgress, CheckpointSaved))
