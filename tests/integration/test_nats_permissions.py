@@ -29,6 +29,7 @@ from nats.aio.client import Client as NatsClient
 from nats.errors import Error as NatsError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
+from pydantic import SecretStr
 
 from trainyard_platform.deploy.local.nats import (
     COMPOSE_USERS,
@@ -655,6 +656,30 @@ async def test_no_publisher_can_have_anothers_event_dropped_as_a_duplicate(
     async with Bus.connect(scheduler, "scheduler") as replica:
         again = await replica.publish_raw(fence.nats_subject, fence.to_json(), fence.id, {})
         assert again.duplicate
+
+
+async def test_a_republish_across_the_upgrade_or_a_password_rotation_is_stored_again(
+    server: NatsServer,
+) -> None:
+    """docs/operations.md, "Upgrade" (the keyed ``Nats-Msg-Id``): the version before keyed
+    ids published an event under its bare id, and the key comes from the service's NATS
+    password. A re-publish inside the duplicate window under another key (the new version
+    after the old one, a process started with a rotated password) is not JetStream's
+    duplicate: the stream holds the event twice. The same key's re-publish still is."""
+    grant = _grant(NODE_A)
+    subject, body = grant.nats_subject, grant.to_json()
+    settings = _settings(server, _user(server, "scheduler"))
+    async with Bus.connect(settings, "scheduler") as bus:
+        old = await bus.jetstream.publish(
+            subject, body, headers={"Nats-Msg-Id": grant.id}, timeout=5
+        )
+        new = await bus.publish_raw(subject, body, grant.id, {})
+        assert not new.duplicate and new.seq != old.seq
+        rotated = Bus(bus.nats, settings.model_copy(update={"password": SecretStr("rotated")}))
+        after_rotation = await rotated.publish_raw(subject, body, grant.id, {})
+        assert not after_rotation.duplicate and after_rotation.seq != new.seq
+        again = await bus.publish_raw(subject, body, grant.id, {})
+        assert again.duplicate and again.seq == new.seq
 
 
 def _grant(node_id: str) -> Envelope[Payload]:
