@@ -183,16 +183,20 @@ def refusal_text(
     again: str = "--if-match set to its new ETag",
 ) -> str:
     """``service``'s refusal as the user reads it (see ``asked``); ``again``: what the
-    command is repeated with after a 412."""
-    stale = next((e for e in exc.errors if e.get("field") == "If-Match"), None)
+    command is repeated with after a 412 on ``If-Match``. A 412 on ``If-None-Match: *`` (a
+    create that found the resource made meanwhile) says so, and to repeat the command as
+    it is once ``reread`` shows what was made."""
+    stale = next((e for e in exc.errors if e.get("field") in ("If-Match", "If-None-Match")), None)
     if exc.status != 412 or stale is None:
         return f"{service}: {exc}"
-    what = str(stale.get("message", "")).split(": nothing changed")[0]
+    what = str(stale.get("message", "")).split(", and If-")[0].split(": nothing changed")[0]
     look = f"run `{reread}`" if reread else "read it again"
+    made = stale.get("field") == "If-None-Match"
     return (
-        f"{service}: nothing was changed: someone else changed it since you read it ({what}). "
-        f"{look.capitalize()} to see it as it is now, then repeat the command with "
-        f"{again} if your change still applies."
+        f"{service}: nothing was changed: someone else "
+        f"{'made' if made else 'changed'} it since you read it ({what}). "
+        f"{look.capitalize()} to see it as it is now, then repeat the command"
+        f"{'' if made else f' with {again}'} if your change still applies."
     )
 
 

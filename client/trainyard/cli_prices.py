@@ -17,7 +17,11 @@ bounds is billing's 422 naming the field, one line (exit 1).
 last (billing's ``ETag``; with ``--json`` on stderr, ``cli_base.emit_tagged``). ``set`` with
 ``--if-match ETAG`` sends it as ``If-Match``: the new prices are made only while the flavor's
 prices are as ``show`` printed them; when another operator set some since, nothing changes
-and one line says so and to run ``show`` again (exit 1).
+and one line says so and to run ``show`` again (exit 1). Without it, ``set`` reads the
+flavor's prices first, and when it has none (404) sends ``If-None-Match: *``: a first price
+covers the flavor's usage from the beginning, so when another operator priced it meanwhile
+nothing changes (billing's 412, the same one line); a flavor with prices gets the new ones
+unconditionally, as before.
 """
 
 from __future__ import annotations
@@ -25,9 +29,18 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from trainyard.cli_base import CliError, Exit, Session, add_if_match, asked, decimal_arg, if_match
+from trainyard.cli_base import (
+    CliError,
+    Exit,
+    Session,
+    add_if_match,
+    asked,
+    decimal_arg,
+    exit_code_of,
+    if_match,
+)
 from trainyard.cli_render import money, none_yet, table, time_text
-from trainyard.client import segment
+from trainyard.client import TrainyardClient, TrainyardError, segment
 
 PRICES = (
     ("--gpu-hour", "price_per_gpu_hour", "GPU-hour"),
@@ -104,13 +117,28 @@ def run_set(session: Session) -> int:
         body["effective_from"] = args.start
     path = f"/v1/prices/{segment(args.flavor)}"
     billing = session.service("billing")
+    conditions = if_match(args) or _first_price(billing, path)
     found = asked(
         "billing",
-        lambda: billing.call("PUT", path, body, if_match(args)),
+        lambda: billing.call("PUT", path, body, conditions),
         f"trainyard admin prices show {args.flavor}",
     )
     session.emit(found, lambda: table(HEADER, price_rows(found)))
     return Exit.OK
+
+
+def _first_price(billing: TrainyardClient, path: str) -> dict[str, str]:
+    """``If-None-Match: *`` when the flavor has no price yet (``GET`` of its book: 404): its
+    first covers its usage from the beginning, so one another operator made meanwhile is
+    never followed by a second made as if it were the first (412, nothing changed). A
+    flavor with prices: no condition, as before (``--if-match`` makes one)."""
+    try:
+        billing.get_list(path)
+    except TrainyardError as exc:
+        if exc.status != 404:
+            raise CliError(f"billing: {exc}", exit_code_of(exc)) from None
+        return {"If-None-Match": "*"}
+    return {}
 
 
 def price_rows(price: dict[str, Any]) -> list[tuple[object, ...]]:

@@ -478,10 +478,13 @@ def test_prices_ls_shows_a_row_per_resource_priced(
 def test_prices_set_sends_the_prices_as_written(
     api: dict[str, Any], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    api["route"] = lambda r: httpx.Response(201, json=PRICE)
+    api["route"] = lambda r: (
+        httpx.Response(200, json=[PRICE]) if r.method == "GET" else httpx.Response(201, json=PRICE)
+    )
     argv = ["admin", "prices", "set", "h200", "--gpu-hour", "2.75", "--memory-gib-hour", "0.01"]
     assert cli.main([*BASE, *argv, "--from", T0, "--json"]) == Exit.OK
     assert _sent(api) == [
+        ("GET", f"{BILLING}/v1/prices/h200", None),  # whether it is the flavor's first price
         (
             "PUT",
             f"{BILLING}/v1/prices/h200",
@@ -490,7 +493,7 @@ def test_prices_set_sends_the_prices_as_written(
                 "price_per_memory_gib_hour": "0.01",
                 "effective_from": T0,
             },
-        )
+        ),
     ]
     assert json.loads(capsys.readouterr().out) == PRICE
 
@@ -589,4 +592,63 @@ def test_show_prints_the_etag_and_set_and_rm_send_it_back_with_if_match(
         f"read it ({stale}). Run `trainyard admin queues show vision` to see it as it is now, "
         "then repeat the command with --if-match set to its new ETag if your change still "
         "applies.\n"
+    )
+
+
+def test_prices_set_of_a_flavors_first_price_says_if_none_match(
+    api: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A flavor's first price covers all its usage (from the beginning, without ``--from``):
+    ``set`` sent it unconditionally, so when another operator set the flavor's first price
+    meanwhile, it was made anyway, from now, as a second. It reads the flavor's prices first
+    and, when there are none (404), sends ``If-None-Match: *``."""
+    answers = {"GET": httpx.Response(404, json={"detail": "flavor h200 has no price"})}
+    api["route"] = lambda r: answers.get(r.method) or httpx.Response(201, json=PRICE)
+    assert cli.main([*BASE, "admin", "prices", "set", "h200", "--gpu-hour", "2.75"]) == Exit.OK
+    get, put = api["sent"]
+    assert (get.method, str(get.url)) == ("GET", f"{BILLING}/v1/prices/h200")
+    assert (put.method, put.headers["If-None-Match"]) == ("PUT", "*")
+    assert "If-Match" not in put.headers
+
+
+def test_prices_set_of_a_priced_flavor_is_unconditional_as_before(
+    api: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    api["route"] = lambda r: (
+        httpx.Response(200, json=[PRICE]) if r.method == "GET" else httpx.Response(201, json=PRICE)
+    )
+    assert cli.main([*BASE, "admin", "prices", "set", "h200", "--gpu-hour", "2.75"]) == Exit.OK
+    put = api["sent"][-1]
+    assert put.method == "PUT"
+    assert "If-None-Match" not in put.headers and "If-Match" not in put.headers
+
+
+def test_prices_set_refused_because_someone_priced_the_flavor_since_says_so(
+    api: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Billing's 412 on ``If-None-Match`` is one plain line: nothing changed, someone set
+    prices meanwhile, the command that shows them (exit 1)."""
+    refused = {
+        "detail": "precondition failed",
+        "errors": [
+            {
+                "field": "If-None-Match",
+                "message": "the prices of flavor h200 exists already, and If-None-Match: * "
+                "asks that it does not: nothing changed (change it with PATCH, or send the "
+                "request without the header)",
+            }
+        ],
+    }
+    answers = {
+        "GET": httpx.Response(404, json={"detail": "flavor h200 has no price"}),
+        "PUT": httpx.Response(412, json=refused),
+    }
+    api["route"] = lambda r: answers[r.method]
+    assert cli.main([*BASE, "admin", "prices", "set", "h200", "--gpu-hour", "2.75"]) == Exit.ERROR
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (
+        "trainyard: error: billing: nothing was changed: someone else made it since you read "
+        "it (the prices of flavor h200 exists already). Run `trainyard admin prices show "
+        "h200` to see it as it is now, then repeat the command if your change still applies.\n"
     )
