@@ -106,7 +106,7 @@ def run(client: TrainyardClient, args: argparse.Namespace, as_json: bool) -> Any
         return me if as_json else render_whoami(me)
     if args.command == "audit":
         entries = client.audit(before=args.before, limit=args.limit)
-        return entries if as_json else render_audit(entries)
+        return entries if as_json else render_audit(entries, args.before)
     if args.command == "token":
         return _token(client, args, as_json)
     return _user(client, args, as_json)
@@ -183,6 +183,13 @@ def render_users(users: list[dict[str, Any]]) -> str:
     )
 
 
-def render_audit(entries: list[dict[str, Any]]) -> str:
+def render_audit(entries: list[dict[str, Any]], before: int | None = None) -> str:
+    """The audit entries as a table; none: what records one (below ``before``: where the
+    newest are)."""
     rows = [(e["id"], time_text(e["at"]), e["actor"], e["action"], e["target"]) for e in entries]
-    return table(("ID", "AT", "ACTOR", "ACTION", "TARGET"), rows)
+    empty = (
+        none_yet(f"no audit entries before id {before}", "trainyard audit", "shows the newest")
+        if before
+        else none_yet("no audit entries", "trainyard user add NAME, or any change,", "records one")
+    )
+    return table(("ID", "AT", "ACTOR", "ACTION", "TARGET"), rows, empty=empty)

@@ -37,6 +37,7 @@ from trainyard.cli_render import (
     FollowPrinter,
     list_row,
     money,
+    none_yet,
     pending_text,
     render_job,
     stream_text,
@@ -887,6 +888,13 @@ QUEUE_HEADER = (
 )
 
 
+NO_WAITING = none_yet(
+    "no job of your team waits",
+    "trainyard ls shows the others; trainyard submit SPEC",
+    "submits one",
+)
+
+
 def queue(session: Session) -> int:
     """The team's waiting jobs in the scheduler's order, with why each waits."""
     client = session.client
@@ -923,5 +931,5 @@ def queue(session: Session) -> int:
                 or "-",
             )
         )
-    session.emit(waiting, lambda: table(QUEUE_HEADER, rows, empty="no job of your team waits"))
+    session.emit(waiting, lambda: table(QUEUE_HEADER, rows, empty=NO_WAITING))
     return Exit.OK

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 from trainyard.cli_base import Exit, Session, add_if_match, asked, if_match
-from trainyard.cli_render import table, time_text
+from trainyard.cli_render import none_yet, table, time_text
 from trainyard.client import segment
 
 HEADER = ("NODE", "FLAVOR", "GPUS", "USED", "FREE", "STATE", "LAST HEARD", "CORDON")
@@ -147,7 +147,14 @@ def nodes_text(nodes: list[dict[str, Any]]) -> str:
         )
         for node in sorted(nodes, key=lambda n: str(n["node_id"]))
     ]
-    return table(HEADER, rows, empty="no nodes: none has sent a heartbeat yet")
+    return table(HEADER, rows, empty=NO_NODES)
+
+
+NO_NODES = none_yet(
+    "no nodes: none has sent a heartbeat yet",
+    "python -m trainyard_platform.services.runner on a GPU machine",
+    "starts one",
+)
 
 
 def _state(node: dict[str, Any]) -> str:

@@ -201,6 +201,16 @@ def metric_key_path(key: str) -> str:
     return "/".join(segment(part) for part in parts)
 
 
+def no_metrics(job: str) -> str:
+    """What ``metrics JOB`` says of a job that reported none: how a job reports them, and
+    where its output is."""
+    return none_yet(
+        "no metrics reported",
+        f"ctx.report_metrics(STEP, NAME=VALUE) in the job reports some; trainyard logs {job}",
+        "shows what it printed",
+    )
+
+
 def run_metrics(session: Session) -> int:
     args = session.args
     if not args.key:
@@ -217,7 +227,7 @@ def run_metrics(session: Session) -> int:
             lambda: (
                 f"step {view.get('step')}: {metrics_text(view['metrics'])}"
                 if view.get("metrics")
-                else "no metrics reported"  # as the registry's table says it
+                else no_metrics(args.job)  # as the registry's table says it
             ),
         )
         return Exit.OK
@@ -262,7 +272,7 @@ def run_metrics(session: Session) -> int:
         lambda: table(
             ("KEY", "POINTS", "STEPS", "LAST", "BEST", "MIN", "MAX"),
             rows,
-            empty="no metrics reported",
+            empty=no_metrics(args.job),
         ),
     )
     return Exit.OK

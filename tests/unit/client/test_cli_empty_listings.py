@@ -123,3 +123,51 @@ def test_an_experiment_without_runs_names_how_to_add_one(
     assert capsys.readouterr().out == (
         "no runs (trainyard submit SPEC --experiment sweep adds one)\n"
     )
+
+
+JOB = "0e4c1b9a-5d2f-4c7e-9a1b-2f3d4e5f6a7b"
+
+
+def _empty_operator_views(request: httpx.Request) -> httpx.Response:
+    """The audit log, a job's metrics, the nodes and the queue, each empty."""
+    path = request.url.path
+    if path == "/v1/queue":
+        return httpx.Response(200, json={"nodes": [], "queues": []})
+    if path.endswith("/metrics"):
+        return httpx.Response(200, json={"metrics": []})
+    return httpx.Response(200, json=[])
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["audit"], "no audit entries (trainyard user add NAME, or any change, records one)"),
+        (
+            ["audit", "--before", "40"],
+            "no audit entries before id 40 (trainyard audit shows the newest)",
+        ),
+        (
+            ["metrics", JOB],
+            "no metrics reported (ctx.report_metrics(STEP, NAME=VALUE) in the job reports "
+            f"some; trainyard logs {JOB} shows what it printed)",
+        ),
+        (
+            ["nodes", "ls"],
+            "no nodes: none has sent a heartbeat yet (python -m "
+            "trainyard_platform.services.runner on a GPU machine starts one)",
+        ),
+        (
+            ["queue"],
+            "no job of your team waits (trainyard ls shows the others; trainyard submit SPEC "
+            "submits one)",
+        ),
+    ],
+)
+def test_an_empty_operator_view_names_a_next_step(
+    api: dict[str, Any], capsys: pytest.CaptureFixture[str], argv: list[str], said: str
+) -> None:
+    """``audit`` printed a bare header, ``metrics``, ``nodes ls`` and ``queue`` a line with
+    nothing to do next."""
+    api["route"] = _empty_operator_views
+    assert cli.main([*BASE, *argv]) == Exit.OK
+    assert capsys.readouterr().out == said + "\n"

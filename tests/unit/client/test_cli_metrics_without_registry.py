@@ -39,10 +39,12 @@ def _run(
 def test_a_job_without_metrics_says_so(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """It printed "step None: (none)"; the registry's table says "no metrics reported"."""
+    """It printed "step None: (none)"; the registry's table says "no metrics reported" and
+    how a job reports some."""
     assert _run({"step": None, "metrics": {}}, tmp_path, monkeypatch, capsys) == (
         0,
-        "no metrics reported\n",
+        "no metrics reported (ctx.report_metrics(STEP, NAME=VALUE) in the job reports some; "
+        "trainyard logs abc12345 shows what it printed)\n",
     )
 
 
