@@ -253,6 +253,14 @@ class ServiceRuntime:
             self.stopping.set()
             await self._drain()
             return 1
+        # The app's own start and stop (``on_startup``, ``on_shutdown``: the places of
+        # ``shared.slots`` it keeps, closed) around serving, here rather than by uvicorn's
+        # lifespan: its stop runs once the server has stopped, before the pool it closes
+        # over does (the caller's).
+        async with app.lifespan():
+            return await self._serve(app, listener)
+
+    async def _serve(self, app: Litestar, listener: socket.socket) -> int:
         with startup_heap_frozen():
             server = _EmbeddedServer(
                 uvicorn.Config(

@@ -80,6 +80,9 @@ def create_app(
     ``max_transfers`` artifact transfers at once, ``max_transfers_per_team`` of a team across
     every replica (``transfers``)."""
     transfer_places = Slots(pool, "registry.transfers")
+    # Every place the app keeps is closed when it stops (``on_shutdown``): a place held
+    # then is given back, and no renewer runs on until the process exits.
+    comparing = Slots(pool, "registry.comparisons")
     transfers = Transfers(max_transfers, max_transfers_per_team, transfer_places)
 
     @get("/v1/models/{team:str}/{name:str}/versions", responses=error_responses(404))
@@ -141,11 +144,11 @@ def create_app(
             *dataset_routes(pool),
             *lineage_routes(pool),
             *reproduction_routes(pool),
-            *tracking_routes(pool),
+            *tracking_routes(pool, comparing),
             audit_route(pool, "registry"),
         ],
         guard,
         statuses=STATUSES,
         cors_origins=cors_origins,
-        on_shutdown=[transfers.close, transfer_places.close],
+        on_shutdown=[transfers.close, transfer_places.close, comparing.close],
     )

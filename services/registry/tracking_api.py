@@ -126,11 +126,10 @@ def _runs_list(experiment_id: int, order: RunOrder | None) -> str:
     return f"{experiment_id} {order.field}:{order.key}:{'desc' if order.descending else 'asc'}"
 
 
-def tracking_routes(pool: asyncpg.Pool) -> list[HTTPRouteHandler]:
-    """The routes of the module docstring, over the registry's pool."""
-    comparing = Slots(pool, "registry.comparisons")
-    """Comparisons under way, by the caller's team (``COMPARISONS_PER_TEAM``), across
-    every replica (``shared.slots``)."""
+def tracking_routes(pool: asyncpg.Pool, comparing: Slots) -> list[HTTPRouteHandler]:
+    """The routes of the module docstring, over the registry's pool; ``comparing``: the
+    comparisons under way, by the caller's team (``COMPARISONS_PER_TEAM``), across every
+    replica (``shared.slots``; the app closes it when it stops)."""
 
     @asynccontextmanager
     async def comparison_of(principal: Principal) -> AsyncIterator[None]:

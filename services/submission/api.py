@@ -1115,9 +1115,10 @@ def create_app(settings: Settings, deps: AppDeps) -> Litestar:
     def provide_admission() -> DataAdmission:
         return admission
 
-    uploads = UploadsUnderWay(
-        settings.bundle_uploads_per_team, Slots(deps.pool, "submission.bundle_uploads")
-    )
+    # Closed when the app stops (``on_shutdown``): a place held then is given back, and no
+    # renewer runs on until the process exits.
+    upload_places = Slots(deps.pool, "submission.bundle_uploads")
+    uploads = UploadsUnderWay(settings.bundle_uploads_per_team, upload_places)
 
     def provide_uploads() -> UploadsUnderWay:
         return uploads
@@ -1175,4 +1176,5 @@ def create_app(settings: Settings, deps: AppDeps) -> Litestar:
             "uploads": Provide(provide_uploads, sync_to_thread=False),
             "front": Provide(provide_front, sync_to_thread=False),
         },
+        on_shutdown=[upload_places.close],
     )
