@@ -403,7 +403,8 @@ def dedup_key(settings: NatsSettings) -> bytes | None:
     derived from its NATS credentials (the password of ``user``, or the one in ``url``),
     which only its service's processes hold, so every replica and restart of one service
     shares it and no other user can compute it. None for a connection with no password (a
-    server that lets anyone in, which the project never runs): its ids are the event ids."""
+    server that lets anyone in, which the project never runs): its ids are the event ids,
+    which ``Bus.connect`` allows only with ``NatsSettings.unkeyed_msg_ids``."""
     found = urlsplit(settings.url.split(",", 1)[0])
     if settings.password is not None:
         secret, user = settings.password.get_secret_value(), settings.user or ""
@@ -413,6 +414,21 @@ def dedup_key(settings: NatsSettings) -> bytes | None:
         return None
     label = f"trainyard Nats-Msg-Id\0{user}".encode()
     return hmac.new(secret.encode(), label, hashlib.sha256).digest()
+
+
+class UnkeyedMsgIds(Exception):
+    """``Bus.connect`` refused: the connection has no password to key its ``Nats-Msg-Id``
+    with (``dedup_key``) and ``NatsSettings.unkeyed_msg_ids`` does not allow bare event
+    ids. A start-up refused by the configuration (``runtime.run_service``: exit 2)."""
+
+
+UNKEYED_MSG_IDS_REFUSED: Final = (
+    "TRAINYARD_NATS_PASSWORD: no NATS password is set (nor one in TRAINYARD_NATS_URL), so "
+    "the Nats-Msg-Id of this service's events cannot be keyed, and another publisher could "
+    "send one first under the same id and have the real event dropped as a duplicate; give "
+    "the service's NATS user and password (TRAINYARD_NATS_USER, TRAINYARD_NATS_PASSWORD), or "
+    "set TRAINYARD_NATS_UNKEYED_MSG_IDS=true on a development server that lets anyone in"
+)
 
 
 def keyed_msg_id(key: bytes | None, subject: str, event_id: str) -> str:
@@ -805,7 +821,11 @@ class Bus:
     async def connect(
         cls, settings: NatsSettings, name: str, *, meter: metrics.Meter | None = None
     ) -> AsyncIterator[Bus]:
-        """Connect, make sure the streams exist, and drain on exit."""
+        """Connect, make sure the streams exist, and drain on exit. ``UnkeyedMsgIds``
+        before any connection when the settings give no password to key the message ids
+        with (``dedup_key``) and do not allow bare ones (``unkeyed_msg_ids``)."""
+        if dedup_key(settings) is None and not settings.unkeyed_msg_ids:
+            raise UnkeyedMsgIds(UNKEYED_MSG_IDS_REFUSED)
         buses: list[Bus] = []
         outage = nats_dependency()
         outage.watched()

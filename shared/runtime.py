@@ -72,7 +72,7 @@ from pydantic import ValidationError
 from pydantic_settings import BaseSettings, SettingsError
 
 from trainyard_platform.shared import outages
-from trainyard_platform.shared.bus import Bus, infrastructure_fault
+from trainyard_platform.shared.bus import Bus, UnkeyedMsgIds, infrastructure_fault
 from trainyard_platform.shared.db import open_pool
 from trainyard_platform.shared.events.envelope import EventSchemaSettings
 from trainyard_platform.shared.http_app import head_routes
@@ -526,7 +526,8 @@ def run_service(serving: Coroutine[Any, Any, int]) -> int:
     """Run a service's ``serve`` to its end and return its exit status: with one log line
     (``cannot start: ...``) when a dependency failed its start-up (``StartupFailed``),
     ``DEPENDENCY_UNAVAILABLE_STATUS`` (75) when it was an outage and 1 otherwise; 2 with
-    one when the configuration refuses it (``StartupRefused``), 0 when SIGTERM or SIGINT
+    one when the configuration refuses it (``StartupRefused``; a bus whose message ids
+    cannot be keyed, ``bus.UnkeyedMsgIds``), 0 when SIGTERM or SIGINT
     stopped it while it was starting."""
     executor = ThreadPoolExecutor(thread_name_prefix=_THREADS)
     try:
@@ -534,7 +535,7 @@ def run_service(serving: Coroutine[Any, Any, int]) -> int:
     except StartupFailed as exc:
         log.critical("cannot start: %s", exc)
         status = DEPENDENCY_UNAVAILABLE_STATUS if exc.transient else 1
-    except StartupRefused as exc:
+    except (StartupRefused, UnkeyedMsgIds) as exc:
         log.critical("cannot start: %s", exc)
         status = 2
     except asyncio.CancelledError:  # SIGTERM or SIGINT while starting (ServiceRuntime)

@@ -115,7 +115,14 @@ class NatsSettings(PlatformSettings):
     """The service's NATS user; it may publish and subscribe only its own subjects
     (docs/security.md, "Bus"). Its replies come to ``_INBOX.<user>.>``."""
     password: SecretStr | None = None
-    """The NATS user's password (never logged)."""
+    """The NATS user's password (never logged). It also keys the ``Nats-Msg-Id`` of the
+    service's events (``bus.dedup_key``): without one (nor one in ``url``) the bus refuses
+    to connect unless ``unkeyed_msg_ids``."""
+    unkeyed_msg_ids: bool = False
+    """Development only: let a connection without a password (a NATS server that lets
+    anyone in) publish each event under its bare event id as ``Nats-Msg-Id``, which any
+    other publisher can foresee and send first, so that the server drops the real event
+    as a duplicate. Off: such a service refuses to start (exit 2, one line)."""
     stream: str = "TRAINYARD"
     """JetStream stream that holds every ``trainyard.>`` event."""
     deadletter_stream: str = "TRAINYARD_DEADLETTER"

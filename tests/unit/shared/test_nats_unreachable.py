@@ -11,6 +11,7 @@ from typing import Any
 
 import nats.errors
 import pytest
+from pydantic import SecretStr
 
 from trainyard_platform.shared import bus as bus_module
 from trainyard_platform.shared import outages
@@ -98,7 +99,7 @@ async def test_the_bus_hands_the_client_its_error_logger(monkeypatch: pytest.Mon
 
     monkeypatch.setattr(bus_module.nats, "connect", connect)
     with pytest.raises(RuntimeError, match="stop here"):
-        async with Bus.connect(NatsSettings(), "test"):
+        async with Bus.connect(NatsSettings(user="test", password=SecretStr("pw")), "test"):
             pass
     assert given["error_cb"].__qualname__.startswith("nats_error_logger")
 
