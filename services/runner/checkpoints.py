@@ -59,6 +59,7 @@ import shutil
 import stat
 import tempfile
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -437,13 +438,26 @@ def stage_resume(
     return ref
 
 
-def apply_retention(store: ObjectStore, keep: int, protected: set[str]) -> int:
-    """Delete all but the newest ``keep`` complete checkpoints (never one whose object URI
-    is in ``protected``, e.g. the one a job resumed from); returns how many were deleted."""
-    folders = complete_folders(store)
+def apply_retention(
+    store: ObjectStore, keep: int, own: Sequence[CheckpointRef], protected: set[str]
+) -> int:
+    """Delete all but the newest ``keep`` (by step) of ``own``, the checkpoints the job's
+    own attempts committed (the grant's resume ref, the ones this attempt saved), never one
+    whose object URI is in ``protected`` (the one the job resumed from, its last); returns
+    how many were deleted. The store's listing chooses nothing, as for ``stage_resume``:
+    any node can write any key, so folders another wrote (of later steps) neither push the
+    job's checkpoints out nor are deleted themselves; a ref that names no committed object
+    of ``store`` is skipped."""
+    folders = sorted(
+        {
+            (ref.step, key.rsplit("/", 1)[0], ref.uri)
+            for ref in own
+            if (key := committed_key(store, ref)) is not None
+        }
+    )
     deleted = 0
-    for _step, _attempt, folder in folders[: max(0, len(folders) - keep)]:
-        if store.uri_for(f"{folder}/{OBJECT_NAME}") in protected:
+    for _step, folder, uri in folders[: max(0, len(folders) - keep)]:
+        if uri in protected:
             continue
         # The manifest first: a checkpoint without one is incomplete, never half-deleted.
         store.delete(f"{folder}/{MANIFEST_NAME}")

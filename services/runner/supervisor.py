@@ -209,6 +209,9 @@ class JobRun:
         self._tail = LogTail(log_tail_lines)
         self._last_metrics: dict[str, float] = {}
         self._last_checkpoint: CheckpointRef | None = resumed_from
+        self._saved: list[CheckpointRef] = []
+        """The checkpoints this attempt committed: retention chooses among these and the
+        one it resumed from, never among what the store lists (``apply_retention``)."""
         self._data_waits = domain.RunningMean()
         """The job's ``data_wait_fraction`` reports' mean: the job decides how many there
         are, so none is kept one by one."""
@@ -553,6 +556,7 @@ class JobRun:
                 checkpoints.apply_retention,
                 self._checkpoint_store,
                 self._checkpoints_keep,
+                [ref for ref in (self._resumed_from, *self._saved) if ref is not None],
                 protected,
             )
         except Exception as exc:  # storage freed later is better than an outcome lost now
@@ -860,6 +864,7 @@ class JobRun:
                 delay = min(delay * 2, 30.0)
         self._committing = None
         self._last_checkpoint = ref
+        self._saved.append(ref)
         committed = CheckpointMessage(checkpoint=ref)
         self._events.emit(
             _wrap(

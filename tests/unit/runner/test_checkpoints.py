@@ -265,11 +265,12 @@ def test_resume_reads_the_older_layout(tmp_path: Path) -> None:
 
 def test_retention_keeps_the_newest_and_protected_ones(tmp_path: Path) -> None:
     staging, store = tmp_path / "staging", LocalStore(tmp_path / "store")
+    committed = []
     for step in range(1, 7):
         stage(staging, step, f"s{step}".encode())
-        commit_staged(staging, step, store, attempt=1)
+        committed.append(commit_staged(staging, step, store, attempt=1))
     protected = {store.uri_for("step-00000001-a0001/checkpoint.pt")}
-    assert apply_retention(store, 2, protected) == 3
+    assert apply_retention(store, 2, committed, protected) == 3
     assert [s for s, _, _ in complete_folders(store)] == [1, 5, 6]
     assert store.list("step-00000002") == []
 
@@ -385,3 +386,28 @@ def test_no_more_of_a_checkpoint_is_read_than_its_job_committed(tmp_path: Path) 
         stage_resume(store, committed, resume, max_bytes=1024 * 1024)
     assert reads == [("step-00000009-a0001/checkpoint.pt", 4096)]
     assert not (resume / "step-00000009").exists()
+
+
+def test_retention_chooses_among_the_jobs_own_checkpoints_never_forged_folders(
+    tmp_path: Path,
+) -> None:
+    """Retention listed the store and kept its newest folders: a hostile node that wrote
+    complete folders of later steps under the job's prefix pushed the job's real
+    checkpoints out (all but the protected ones deleted). It chooses only among the
+    checkpoints the job's attempts committed (the resume ref, the ones this attempt saved)
+    and deletes nothing else."""
+    staging, store = tmp_path / "staging", LocalStore(tmp_path / "store")
+    stage(staging, 1, b"resumed")
+    resumed = commit_staged(staging, 1, store, attempt=1)
+    saved = []
+    for step in (2, 3, 4):
+        stage(staging, step, f"s{step}".encode())
+        saved.append(commit_staged(staging, step, store, attempt=2))
+    for step in range(100, 106):  # forged: complete folders, newer steps
+        stage(staging, step, b"forged")
+        commit_staged(staging, step, store, attempt=9)
+    protected = {resumed.uri, saved[-1].uri}
+    assert apply_retention(store, 2, [resumed, *saved], protected) == 1
+    steps = [s for s, _, _ in complete_folders(store)]
+    assert steps == [1, 3, 4, *range(100, 106)]
+    assert store.list("step-00000002") == []
