@@ -65,7 +65,9 @@ path has no ``HEAD`` route of its own, ``service_app`` adds one that shares the 
 handler (``head_routes``), outside the OpenAPI document (it says no more than the ``GET``
 operation does; ``opt[HEAD_OF_GET]`` marks it, and its query parameters are checked as the
 ``GET``'s); every answer to a ``HEAD`` leaves its body out, whatever made it (an error, a
-401). The OpenAPI document's own routes (``/schema``, Litestar's) are not the services'.
+401). The OpenAPI document's own routes (``/schema``, which Litestar adds as the app is
+built, after ``head_routes``) get theirs then (``_head_of_added_gets``), their query left
+unchecked as their ``GET``'s is.
 
 Building the app leaves the process's logging alone (``logging_config=None``): Litestar's
 default set-up replaced the root handler with a queue-listener thread writing to the stderr
@@ -582,12 +584,29 @@ def service_app(
         before_send=[_edge_headers, _no_body_for_head],
         **litestar_options,
     )
+    _head_of_added_gets(app)
     for route in app.routes:
         if isinstance(route, HTTPRoute):
             for handler in route.route_handlers:
                 _guard_without_copy(handler)
             _declare_query_parameters(route)
     return app
+
+
+def _head_of_added_gets(app: Litestar) -> None:
+    """A ``HEAD`` route for each ``GET`` route Litestar added itself as the app was built
+    (its OpenAPI plugin's ``/schema`` pages, made after ``head_routes`` ran), so that they
+    answer ``HEAD`` as every other ``GET`` does instead of 405: the same handler, guard and
+    status, no body, outside the document. Their query is not checked, as their ``GET``'s
+    is not (no ``opt[HEAD_OF_GET]``)."""
+    for route in list(app.routes):
+        if not isinstance(route, HTTPRoute) or HttpMethod.HEAD in route.methods:
+            continue
+        found = route.route_handler_map.get(HttpMethod.GET)
+        if found is not None:
+            head = _head_of(found[0], {route.path})
+            head.opt = {k: v for k, v in head.opt.items() if k != HEAD_OF_GET}
+            app.register(head)
 
 
 def _declare_query_parameters(route: HTTPRoute) -> None:

@@ -129,3 +129,30 @@ def test_a_head_route_checks_its_query_as_the_get_does(built: dict[str, Litestar
         head = client.head("/v1/queue?stauts=x", headers=auth)
         assert get.status_code == 422
         assert head.status_code == 422 and head.content == b""
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_the_openapi_documents_routes_answer_head_as_every_other_get(
+    service: str, built: dict[str, Litestar]
+) -> None:
+    """Litestar's ``/schema`` routes (added by its OpenAPI plugin after ``head_routes`` ran)
+    answered ``HEAD`` with 405 while every other ``GET`` route answers it; they answer it
+    as their ``GET`` (401 without a token, 200 with the operator's), without a body, and
+    stay out of the document."""
+    app = built[service]
+    paths = [
+        route.path.replace("{path:str}", "nothing-here")
+        for route in app.routes
+        if isinstance(route, HTTPRoute) and route.path.startswith("/schema")
+    ]
+    assert "/schema/openapi.json" in paths
+    wrong = []
+    with TestClient(app) as client:
+        for path in paths:
+            for headers in ({}, {"Authorization": "Bearer operator"}):
+                get, head = client.get(path, headers=headers), client.head(path, headers=headers)
+                if head.status_code == 405 or (problem := _same(get, head)):
+                    wrong.append(f"{path} ({bool(headers)}): {head.status_code} {problem}")
+    assert not wrong, "\n".join(wrong)
+    document = app.openapi_schema.to_schema()
+    assert not any(path.startswith("/schema") for path in document["paths"])
