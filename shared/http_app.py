@@ -65,7 +65,10 @@ path has no ``HEAD`` route of its own, ``service_app`` adds one that shares the 
 handler (``head_routes``), outside the OpenAPI document (it says no more than the ``GET``
 operation does; ``opt[HEAD_OF_GET]`` marks it, and its query parameters are checked as the
 ``GET``'s); every answer to a ``HEAD`` leaves its body out, whatever made it (an error, a
-401). The OpenAPI document's own routes (``/schema``, which Litestar adds as the app is
+401). A ``GET`` whose body costs work (objects read from the store: ``body_is_work``) gets
+no copy, which would do that work and discard it: it has a ``HEAD`` of its own
+(``head_of_get``, answered with ``head_answer``: the status and headers, no
+``Content-Length``), and an app where it has none is not built. The OpenAPI document's own routes (``/schema``, which Litestar adds as the app is
 built, after ``head_routes``) get theirs then (``_head_of_added_gets``), their query left
 unchecked as their ``GET``'s is.
 
@@ -88,13 +91,14 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from copy import copy
 from dataclasses import dataclass, field
 from types import MethodType
-from typing import Annotated, Any, Final, TypeVar
+from typing import Annotated, Any, Final, TypeVar, cast
 
-from litestar import HttpMethod, Litestar, Request, Response, Router
+from litestar import HttpMethod, Litestar, Request, Response, Router, head
 from litestar.config.cors import CORSConfig
 from litestar.connection import ASGIConnection
 from litestar.datastructures import MutableScopeHeaders
 from litestar.di import NamedDependency, Provide
+from litestar.exceptions import ImproperlyConfiguredException
 from litestar.handlers import HTTPRouteHandler
 from litestar.openapi import OpenAPIConfig, ResponseSpec
 from litestar.openapi.spec import (
@@ -107,6 +111,7 @@ from litestar.openapi.spec import (
     SecurityScheme,
 )
 from litestar.params import HeaderParameter
+from litestar.response import Stream
 from litestar.routes import HTTPRoute
 from litestar.types import ControllerRouterHandler, Guard, Message, Scope
 from litestar.utils import join_paths
@@ -497,7 +502,43 @@ async def _no_body_for_head(message: Message, scope: Scope) -> None:
 
 
 HEAD_OF_GET: Final = "trainyard_head_of_get"
-"""The ``opt`` key of a ``HEAD`` route ``head_routes`` added for a ``GET`` one."""
+"""The ``opt`` key of a ``HEAD`` route answering for a ``GET`` one: the copy ``head_routes``
+added, or a route's own (``head_of_get``)."""
+BODY_IS_WORK: Final = "trainyard_body_is_work"
+"""The ``opt`` key of a ``GET`` route whose body costs work to make (``body_is_work``)."""
+
+
+def body_is_work() -> dict[str, Any]:
+    """The ``opt`` of a ``GET`` route whose body costs work to make (objects read from the
+    store, a whole artifact fetched and verified): ``head_routes`` makes no copy of it,
+    which would do that work for a ``HEAD`` and throw the body away. The route has a
+    ``HEAD`` of its own (``head_of_get``) answering its status and headers without that
+    work; building an app where it has none fails, naming the route."""
+    return {BODY_IS_WORK: True}
+
+
+def head_of_get(path: str | Sequence[str], **options: Any) -> head:
+    """The decorator of the ``HEAD`` route of a ``GET`` whose body is work
+    (``body_is_work``): outside the OpenAPI document (it says no more than the ``GET``
+    operation does), its query checked as the ``GET``'s (``opt[HEAD_OF_GET]``); ``options``
+    as ``litestar.head``'s, its ``opt`` (the ``GET``'s role) kept. It answers what the
+    ``GET`` would (the guard's refusal, 404, a bad parameter's 422) from what it knows
+    without the work, and its headers with ``head_answer``."""
+    opt = {**options.pop("opt", {}), HEAD_OF_GET: True}
+    return head(path, include_in_schema=False, opt=opt, **options)
+
+
+def head_answer(
+    media_type: str, headers: Mapping[str, str] | None = None, status_code: int = 200
+) -> Response[None]:
+    """The answer of a ``HEAD`` route of its own (``head_of_get``, annotated
+    ``Response[None]`` as Litestar asks of a ``HEAD``): ``status_code``, the ``GET``'s
+    ``media_type`` and ``headers``, no body, and no ``Content-Length`` (RFC 9110, section
+    9.3.2: the ``GET``'s is not known without the work, and a wrong one is worse than
+    none; a streamed answer has none)."""
+    answer = Stream(iter(()), media_type=media_type, headers=dict(headers or {}))
+    answer.status_code = status_code
+    return cast(Response[None], answer)
 
 
 def head_routes(
@@ -531,6 +572,14 @@ def head_routes(
 
 
 def _head_of(handler: HTTPRouteHandler, paths: set[str]) -> HTTPRouteHandler:
+    """A copy of the ``GET`` ``handler`` answering ``HEAD`` at ``paths`` (``head_routes``);
+    ``ImproperlyConfiguredException`` for one whose body is work (``body_is_work``)."""
+    if handler.opt.get(BODY_IS_WORK):
+        raise ImproperlyConfiguredException(
+            f"GET {', '.join(sorted(paths))}: its body is work (body_is_work), so a copy of "
+            "it would do that work for every HEAD: give it a HEAD route of its own "
+            "(head_of_get)"
+        )
     head = copy(handler)
     head.paths = paths
     head.http_methods = {HttpMethod.HEAD}

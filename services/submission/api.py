@@ -76,6 +76,7 @@ import httpx
 from litestar import Litestar, Request, Response, Router, delete, get, head, patch, post, put
 from litestar.connection import ASGIConnection
 from litestar.di import NamedDependency, Provide
+from litestar.enums import MediaType
 from litestar.exceptions import NotAuthorizedException
 from litestar.handlers import BaseRouteHandler, HTTPRouteHandler
 from litestar.openapi import ResponseSpec
@@ -157,8 +158,11 @@ from trainyard_platform.shared.bundle_archive import BundleRefused, check_bundle
 from trainyard_platform.shared.events.payloads import BUNDLE_SHA256_PATTERN
 from trainyard_platform.shared.http_app import (
     Conditions,
+    body_is_work,
     bytes_request_body,
     error_responses,
+    head_answer,
+    head_of_get,
     json_request_body,
     service_app,
     tagged,
@@ -728,7 +732,7 @@ async def cancel_job(
     return tagged(view, commands.job_tag(view), status_code=202)
 
 
-@get("/jobs/{job_id:str}/logs", responses=error_responses(404))
+@get("/jobs/{job_id:str}/logs", responses=error_responses(404), opt=body_is_work())
 async def job_logs(
     job_id: FromPath[str],
     pool: Pool,
@@ -741,6 +745,19 @@ async def job_logs(
     return await commands.job_logs(
         pool, objects, caller, job_id, after, limit, settings.log_page_max_bytes
     )
+
+
+@head_of_get("/jobs/{job_id:str}/logs")
+async def job_logs_head(
+    job_id: FromPath[str],
+    pool: Pool,
+    caller: Me,
+    after: FromQuery[str | None] = None,
+    limit: LogLimit = 20,
+) -> Response[None]:
+    """``GET``'s status and type without reading a log (``commands.job_logs_head``)."""
+    await commands.job_logs_head(pool, caller, job_id, after)
+    return head_answer(MediaType.JSON)
 
 
 async def json_body(request: AnyRequest, free_text: re.Pattern[str] | None = None) -> bytes:
@@ -1151,6 +1168,7 @@ def create_app(settings: Settings, deps: AppDeps) -> Litestar:
             cancel_job,
             reproduce_job,
             job_logs,
+            job_logs_head,
             bundle_stored,
             upload_bundle,
             job_schema,

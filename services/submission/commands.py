@@ -550,6 +550,17 @@ async def job_logs(
     )
 
 
+async def job_logs_head(pool: asyncpg.Pool, caller: Caller, job_id: str, after: str | None) -> None:
+    """What ``job_logs`` answers before it reads any log (a ``HEAD``): ``RequestInvalid``
+    for a cursor not of this job's logs, ``NotFound`` for a job the caller may not address.
+    No log is listed or read."""
+    LOGS.read(after, of=job_id)
+    async with pool.acquire() as conn:
+        job = await repo.job_for_team(conn, await _team_of_job(conn, caller, job_id), job_id)
+    if job is None:
+        raise NotFound(f"job {job_id} not found")
+
+
 async def _team_of_job(conn: asyncpg.Connection, caller: Caller, job_id: str) -> int:
     """The team whose jobs the caller may address by id: its own, or for an operator the
     job's own team (any)."""
