@@ -63,6 +63,7 @@ import asyncpg
 from litestar import Request, Response, delete, get, post, put
 from litestar.background_tasks import BackgroundTask
 from litestar.di import NamedDependency
+from litestar.enums import MediaType
 from litestar.exceptions import HTTPException, NotFoundException, PermissionDeniedException
 from litestar.handlers import HTTPRouteHandler
 from litestar.params import FromPath, PathParameter, QueryParameter
@@ -106,8 +107,11 @@ from trainyard_platform.shared import audit, paging
 from trainyard_platform.shared.access import Teams, needs
 from trainyard_platform.shared.http_app import (
     Conditions,
+    body_is_work,
     entity_tag,
     error_responses,
+    head_answer,
+    head_of_get,
     json_request_body,
     tagged,
 )
@@ -477,6 +481,7 @@ def model_routes(
         "/v1/models/{team:str}/{name:str}/versions/{version:int}/download",
         summary="A short-lived URL of the version's artifact, after verifying its sha256",
         responses=error_responses(404, 409),
+        opt=body_is_work(),
     )
     async def download(
         team: FromPath[str], name: FromPath[str], version: Version, principal: Caller
@@ -513,6 +518,7 @@ def model_routes(
         summary="The version's artifact, verified against its sha256 before it is sent",
         responses=error_responses(404, 409),
         media_type="application/octet-stream",
+        opt=body_is_work(),
     )
     async def content(
         team: FromPath[str], name: FromPath[str], version: Version, principal: Caller
@@ -528,6 +534,41 @@ def model_routes(
             media_type="application/octet-stream",
             headers={"X-Trainyard-Sha256": found.artifact.sha256},
             background=BackgroundTask(artifacts.discard, verified),
+        )
+
+    async def servable(
+        principal: Principal, team: str, name: str, version: int
+    ) -> tuple[ModelVersion, str]:
+        """What ``download`` and ``content`` check before any transfer (readable, live,
+        the registry's own copy, a store): the version and its key."""
+        async with pool.acquire() as conn:
+            await readable(conn, principal, team, name)
+            found = await live_version(conn, principal, team, name, version)
+        key = _owned_key(found, grants.reader_of(principal))
+        storage()
+        return found, key
+
+    @head_of_get("/v1/models/{team:str}/{name:str}/versions/{version:int}/download")
+    async def download_head(
+        team: FromPath[str], name: FromPath[str], version: Version, principal: Caller
+    ) -> Response[None]:
+        """``download``'s status and type, with no artifact fetched nor URL made."""
+        await servable(principal, team, name, version)
+        return head_answer(MediaType.JSON)
+
+    @head_of_get("/v1/models/{team:str}/{name:str}/versions/{version:int}/content")
+    async def content_head(
+        team: FromPath[str], name: FromPath[str], version: Version, principal: Caller
+    ) -> Response[None]:
+        """``content``'s status and headers, with no artifact fetched: its sha256 and name
+        are the version's."""
+        found, _ = await servable(principal, team, name, version)
+        return head_answer(
+            "application/octet-stream",
+            {
+                "Content-Disposition": f'attachment; filename="{name}-v{version}.pt"',
+                "X-Trainyard-Sha256": found.artifact.sha256,
+            },
         )
 
     @get("/v1/models/{team:str}/{name:str}/aliases", responses=error_responses(404))
@@ -805,7 +846,9 @@ def model_routes(
         delete_version,
         version_by_alias,
         download,
+        download_head,
         content,
+        content_head,
         list_aliases,
         get_alias,
         put_alias,

@@ -579,3 +579,40 @@ async def test_a_job_started_after_its_parent_was_deleted_is_its_tombstones_chil
         graph = await client.get("/v1/lineage/models/vision/base/versions/1/upstream")
         assert graph.status_code == 200, graph.text
         assert graph.json()["nodes"][0]["deleted"] is True
+
+
+async def test_head_of_a_versions_artifact_fetches_nothing(
+    pool: asyncpg.Pool, store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``HEAD`` of ``content`` and ``download`` ran the whole ``GET``: the artifact fetched
+    from the store and verified, then thrown away. They answer the ``GET``'s status and
+    headers (the sha256, the file's name) from the version alone; a version of another
+    team's model is 404 as for the ``GET``."""
+    from trainyard_platform.services.registry import model_api
+
+    job = await job_with_checkpoints(pool, store, [10])
+    fetched: list[str] = []
+    fetch = model_api.artifacts.fetch_verified
+
+    def counted(source: ObjectStore, key: str, expected: object) -> object:
+        fetched.append(key)
+        return fetch(source, key, expected)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(model_api.artifacts, "fetch_verified", counted)
+    base = "/v1/models/vision/digits/versions/1"
+    async with app_as(pool, store, VISION) as client:
+        assert (await register(client, "vision", "digits", job)).status_code == 201
+        head = await client.head(f"{base}/content")
+        assert head.status_code == 200 and head.content == b""
+        assert head.headers["x-trainyard-sha256"] == job.checkpoints[0].sha256
+        assert head.headers["content-disposition"] == 'attachment; filename="digits-v1.pt"'
+        assert head.headers["content-type"] == "application/octet-stream"
+        assert (await client.head(f"{base}/download")).status_code == 200
+        assert (await client.head("/v1/models/vision/digits/versions/9/content")).status_code == 404
+        assert fetched == []
+        get = await client.get(f"{base}/content")
+        assert get.status_code == 200 and len(fetched) == 1
+        assert get.headers["content-disposition"] == head.headers["content-disposition"]
+    async with app_as(pool, store, ML) as client:
+        assert (await client.head(f"{base}/content")).status_code == 404
+    assert len(fetched) == 1

@@ -66,6 +66,9 @@ def test_every_service_get_whose_body_is_work_has_a_head_of_its_own(tmp_path: Pa
                 assert head_handler.opt.get(HEAD_OF_GET), route.path
                 marked.append(f"{service} {route.path}")
     assert "submission /v1/jobs/{job_id:str}/logs" in marked
+    for artifact in ("download", "content"):  # each fetched and verified whole by the GET
+        path = "/v1/models/{team:str}/{name:str}/versions/{version:int}/" + artifact
+        assert f"registry {path}" in marked
 
 
 async def test_head_of_a_jobs_logs_reads_no_log(monkeypatch: pytest.MonkeyPatch) -> None:
