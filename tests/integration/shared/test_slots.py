@@ -270,3 +270,43 @@ async def test_a_busy_pool_does_not_cost_a_holder_its_place(
         await holder.close()
         await rival.close()
     assert await pool.fetchval("SELECT count(*) FROM held_slots") == 0
+
+
+async def test_a_stopped_app_leaves_no_place_in_its_database(
+    pool: asyncpg.Pool, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The registry's and submission's apps over a real database: a place of every kind
+    they keep (transfers, comparisons, bundle uploads) is held when the app stops, and none
+    is left in ``held_slots`` after, nor a renewer running. The comparisons' and uploads'
+    places were never closed: their rows stayed until their leases ran out."""
+    from pydantic import SecretStr
+
+    from trainyard_platform.services.registry.api import create_app as registry_app
+    from trainyard_platform.services.submission.api import AppDeps
+    from trainyard_platform.services.submission.api import create_app as submission_app
+    from trainyard_platform.services.submission.config import Settings as SubmissionSettings
+    from trainyard_platform.shared.access import service_guard
+    from trainyard_platform.shared.storage import LocalStore
+
+    made: list[Slots] = []
+    init = Slots.__init__
+
+    def recorded(self: Slots, *args: Any, **options: Any) -> None:
+        init(self, *args, **options)
+        made.append(self)
+
+    monkeypatch.setattr(Slots, "__init__", recorded)
+    guard = service_guard(SecretStr("operator"), None)
+    apps = {
+        "registry": registry_app(pool, guard, []),
+        "submission": submission_app(SubmissionSettings(), AppDeps(pool, LocalStore(tmp_path), [])),
+    }
+    kinds = sorted(s.kind for s in made)
+    assert kinds == ["registry.comparisons", "registry.transfers", "submission.bundle_uploads"]
+    for service, app in apps.items():
+        async with app.lifespan():
+            for slots in made:
+                if slots.kind.startswith(f"{service}."):
+                    assert await slots.take("team:1", 2) is not None
+    assert await pool.fetchval("SELECT count(*) FROM held_slots") == 0
+    assert [s.kind for s in made if s._renewer is not None and not s._renewer.done()] == []
