@@ -11,7 +11,11 @@ Contract:
   answer stays. ``ended`` marks it ended when the job ends (succeeded, failed for good,
   cancelled); until then its parent version cannot be deleted (``models.delete_version``).
   A parent deleted before the registry heard of the job (between submission's check and
-  its ``job.submitted``) is recorded as its tombstone, logged at WARNING.
+  its ``job.submitted``) is recorded as its tombstone, logged at WARNING. Deliveries need not
+  come in order: a job that ended before any event naming its parent was handled (its end
+  is kept in ``jobs_ended_unheard`` when none of its starts was handled, which records the
+  parent) has that parent recorded ended, keeping nothing. The
+  two take turns per job (a transaction-scoped advisory lock), so neither misses the other.
 - Only what the job's team may read is recorded: a dataset or a model neither its own nor
   granted to it (``dataset_repository.readable``, ``model_grants.readable``), or anything that does not exist is logged at WARNING and skipped
   (submission refuses such a job at admission; one that got past it is not given a lineage
@@ -67,6 +71,7 @@ async def record_parent(
     one is recorded already (module docstring); nothing for a spec that names none."""
     if spec.parent_model is None:
         return
+    await _turn(conn, job_id)
     if await conn.fetchval("SELECT 1 FROM job_parents WHERE job_id = $1", job_id):
         return  # the first answer stays; an alias is not resolved again
     team, text = spec.team, spec.parent_model
@@ -102,8 +107,9 @@ async def record_parent(
             text,
         )
     await conn.execute(
-        """INSERT INTO job_parents (job_id, parent_version_id, recorded_at)
-           VALUES ($1, $2, $3) ON CONFLICT (job_id) DO NOTHING""",
+        """INSERT INTO job_parents (job_id, parent_version_id, recorded_at, ended_at)
+           VALUES ($1, $2, $3, (SELECT ended_at FROM jobs_ended_unheard WHERE job_id = $1))
+           ON CONFLICT (job_id) DO NOTHING""",
         job_id,
         uuid.UUID(parent.id),
         now,
@@ -112,7 +118,28 @@ async def record_parent(
 
 async def ended(conn: asyncpg.Connection, job_id: str, at: datetime) -> None:
     """``job_id`` ended (succeeded, failed for good, or cancelled): its parent version, if it
-    named one, is no longer kept for it."""
+    named one, is no longer kept for it. When no parent is recorded for it yet, its end is
+    kept for the one a late event records (module contract)."""
+    await _turn(conn, job_id)
     await conn.execute(
         "UPDATE job_parents SET ended_at = $2 WHERE job_id = $1 AND ended_at IS NULL", job_id, at
+    )
+    await conn.execute(
+        # Only for a job none of whose starts was handled here (tracked_jobs): a start
+        # records the parent, if the job names one, so such a job's end needs no keeping.
+        """INSERT INTO jobs_ended_unheard (job_id, ended_at)
+           SELECT $1, $2 WHERE NOT EXISTS (SELECT 1 FROM job_parents WHERE job_id = $1)
+             AND NOT EXISTS (SELECT 1 FROM tracked_jobs WHERE job_id = $1)
+           ON CONFLICT (job_id) DO NOTHING""",
+        job_id,
+        at,
+    )
+
+
+async def _turn(conn: asyncpg.Connection, job_id: str) -> None:
+    """Wait for any other transaction recording ``job_id``'s parent or end to commit: each
+    reads what the other writes (read committed sees it once committed)."""
+    await conn.execute(
+        "SELECT pg_advisory_xact_lock(hashtextextended('registry.job_parents:' || $1, 0))",
+        job_id,
     )

@@ -74,3 +74,35 @@ async def test_a_version_a_waiting_job_fine_tunes_from_cannot_be_deleted_until_i
         assert f"vision/tuned-{tag} v1" in (await vision.delete(parent)).text
         assert (await vision.delete(f"/v1/models/vision/tuned-{tag}/versions/1")).is_success
         assert (await vision.delete(parent)).status_code == 200
+
+
+async def test_a_job_that_ended_before_the_registry_heard_of_it_keeps_no_parent(
+    pool: asyncpg.Pool, store: ObjectStore
+) -> None:
+    """The registry's deliveries need not come in the order they were published: a job's
+    ``job.cancelled`` (or a late redelivery of its ``job.submitted`` or grant) may be handled
+    before the event naming its parent. A job that ended before the registry heard of it
+    keeps nothing; before, its parent could never be deleted again ("waiting job ...")."""
+    tag = uuid.uuid4().hex[:6]
+    base = f"base-{tag}"
+    await run_job(pool, store, base)
+    parent = f"/v1/models/vision/{base}/versions/1"
+    tuned = spec(f"tuned-{tag}").model_copy(update={"parent_model": f"vision/{base}:1"})
+    cancelled, granted = str(uuid.uuid4()), str(uuid.uuid4())
+    for job in (cancelled, granted):
+        await apply(pool, store, job, JobCancelled(job_id=job, reason="by alice"))
+    await apply(pool, store, cancelled, JobSubmitted(job_id=cancelled, spec=tuned, submitted_at=T0))
+    grant = AllocationGranted(
+        allocation_id=f"a-{granted}",
+        job_id=granted,
+        node_id="node-a",
+        gpu_indices=[0],
+        epoch=1,
+        attempt=0,
+        granted_at=T0,
+        spec=tuned,
+    )
+    await apply(pool, store, granted, grant)
+    async with app_as(pool, store, VISION) as vision:
+        deleted = await vision.delete(parent)
+        assert deleted.status_code == 200, deleted.text
