@@ -38,7 +38,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
-from decimal import Decimal
+from decimal import ROUND_CEILING, Decimal
 
 import asyncpg
 
@@ -214,8 +214,16 @@ async def rates(conn: asyncpg.Connection, now: datetime) -> dict[str, Reservatio
     }
 
 
+_MICRO = Decimal("0.000001")
+
+
 def _text(price: Decimal) -> str:
-    return format(price.normalize(), "f") if price else "0"
+    """``price`` as a rate says it: at most six decimals (``ReservationRates``), a price finer
+    than that (the settings' bootstrap prices bound no decimal places) rounded up, so that a
+    reservation at it still covers what is billed."""
+    if not price:
+        return "0"
+    return format(price.quantize(_MICRO, rounding=ROUND_CEILING).normalize(), "f")
 
 
 async def reserving(conn: asyncpg.Connection, now: datetime) -> None:

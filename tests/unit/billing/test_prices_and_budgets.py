@@ -7,6 +7,7 @@ from decimal import Decimal
 
 import pytest
 
+from trainyard_platform.services.billing import budget_watch
 from trainyard_platform.services.billing.budgets import (
     Budget,
     forecast,
@@ -182,4 +183,32 @@ def test_the_rates_a_job_is_reserved_at_are_the_highest_prices_from_now_on() -> 
         "a100": (Decimal(4), Decimal("0.1"), Decimal(0)),
         "l40s": (Decimal(2), Decimal(0), Decimal(0)),
         "old": (Decimal(1), Decimal(0), Decimal(0)),
+    }
+
+
+async def test_rates_of_prices_finer_than_a_micro_unit_are_said_rounded_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A price finer than a micro-unit (``TRAINYARD_BILLING_PRICES='{"t4": 0.1234567}'`` or
+    ``1e-07``: the settings bound no decimal places, nor did the book before the price routes
+    did) is said at the next micro-unit up, so the reservation still covers it. Before, the
+    rates failed their own validation: every bill of a budget that reserves, and every
+    change of it, failed."""
+    gpu = [
+        DatedPrice(BEGINNING, Price("t4", Decimal("0.1234567"), "USD")),
+        DatedPrice(BEGINNING, Price("tiny", Decimal("1E-7"), "USD")),
+        DatedPrice(BEGINNING, Price("round", Decimal("2.500000"), "USD")),
+    ]
+    memory = [DatedResourcePrice("t4", "memory", BEGINNING, Decimal("0.00000001"), "USD")]
+    book = PriceSchedule.of(gpu, memory)
+
+    async def schedule(conn: object, flavor: str | None = None) -> PriceSchedule:
+        return book
+
+    monkeypatch.setattr(budget_watch.catalogue, "schedule", schedule)
+    said = await budget_watch.rates(None, T)  # type: ignore[arg-type]
+    assert {f: (r.gpu_hour, r.cpu_hour, r.memory_gib_hour) for f, r in said.items()} == {
+        "round": ("2.5", "0", "0"),
+        "t4": ("0.123457", "0", "0.000001"),
+        "tiny": ("0.000001", "0", "0"),
     }
