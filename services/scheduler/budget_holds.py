@@ -49,7 +49,8 @@ Contract:
   counted twice until they end, so the budget errs on the side of waiting), less those of
   the queued jobs before it (by ``order``) that fit. A job whose reservation does not fit
   waits (``reservation_note_parts`` says why) until one ends, the budget is raised, or the
-  month ends. A flavor without a rate (billing has no price for it) is reserved 0, as it
+  month ends; one whose reservation is more than the whole amount is told it cannot start
+  until the budget is raised or its ``max_runtime_seconds`` lowered (and how far). A flavor without a rate (billing has no price for it) is reserved 0, as it
   is billed nothing until priced. A state of an earlier month reserves with nothing spent
   in the new one.
 - ``budget_note_parts(hold, now)``: what a held job is told (``convert.budget_note`` makes
@@ -273,17 +274,37 @@ def reservation(job: Row, rates: Mapping[str, Any]) -> Decimal:
     gpu_flavor, max_runtime_seconds, cpus_per_gpu, memory_gib_per_gpu) at ``rates`` (a
     budget state's): its GPUs, CPUs and memory for ``max_runtime_seconds`` at the flavor's
     highest prices per hour, rounded up to a micro-unit; 0 for a flavor without a rate."""
+    return _worst(hourly(job, rates), job["max_runtime_seconds"])
+
+
+def hourly(job: Row, rates: Mapping[str, Any]) -> Decimal:
+    """What an hour of ``job`` (its GPUs, CPUs and memory) costs at most at ``rates``; 0 for
+    a flavor without a rate."""
     rate = rates.get(job["gpu_flavor"])
     if not rate:
         return Decimal(0)
     gpus = Decimal(job["gpus"])
-    per_hour = gpus * (
+    return gpus * (
         _decimal(rate.get("gpu_hour"))
         + Decimal(job.get("cpus_per_gpu") or 0) * _decimal(rate.get("cpu_hour"))
         + Decimal(job.get("memory_gib_per_gpu") or 0) * _decimal(rate.get("memory_gib_hour"))
     )
-    cost = per_hour * Decimal(job["max_runtime_seconds"]) / Decimal(3600)
+
+
+def _worst(per_hour: Decimal, seconds: int) -> Decimal:
+    cost = per_hour * Decimal(seconds) / Decimal(3600)
     return cost.quantize(_MICRO, rounding=ROUND_CEILING)
+
+
+def longest_within(per_hour: Decimal, amount: Decimal) -> int:
+    """The most whole seconds whose worst case at ``per_hour`` (rounded up as
+    ``reservation`` rounds it) is within ``amount``."""
+    if per_hour <= 0:
+        raise ValueError("per_hour: must be > 0")
+    seconds = int(max(amount, Decimal(0)) * 3600 / per_hour)
+    while seconds > 0 and _worst(per_hour, seconds) > amount:
+        seconds -= 1
+    return seconds
 
 
 def reserves_for(team: str, project: str | None, reserves: Reserves) -> list[Row]:
@@ -297,11 +318,13 @@ def reserves_for(team: str, project: str | None, reserves: Reserves) -> list[Row
 class Unfit:
     """Why a queued job waits for its budget: ``budget`` cannot take its reservation
     (``need``) beside what is spent and reserved (``reserved``: by running jobs and the
-    queued jobs before it that fit)."""
+    queued jobs before it that fit). ``per_hour``: what an hour of the job costs at most at
+    the budget's rates (``hourly``)."""
 
     budget: Row
     need: Decimal
     reserved: Decimal
+    per_hour: Decimal = Decimal(0)
 
 
 def fit(
@@ -335,7 +358,10 @@ def fit(
         if short is not None:
             budget, need = short
             unfit[job["job_id"]] = Unfit(
-                budget, need, reserved[(budget["team"], budget["project"])]
+                budget,
+                need,
+                reserved[(budget["team"], budget["project"])],
+                hourly(job, budget["rates"]),
             )
             continue
         for b, need in needs:
@@ -343,12 +369,36 @@ def fit(
     return unfit
 
 
-def reservation_note_parts(unfit: Unfit, now: datetime) -> tuple[str, str, str, datetime]:
+def reservation_note_parts(unfit: Unfit, now: datetime) -> tuple[str, str, str, datetime | None]:
     """Reason, blocking, suggestion and estimated start of a job waiting for ``unfit``'s
-    budget to have room for its reservation."""
+    budget to have room for its reservation. A job whose worst case is more than the whole
+    amount is told it cannot start while the budget is that size, the longest
+    ``max_runtime_seconds`` the budget covers, and the amount that would cover it; it has
+    no estimated start."""
     budget = unfit.budget
     until = next_month(now)
     currency = budget["currency"]
+    blocking = f"{HOLD_BLOCKING_PREFIX}{scope(budget)}"
+    amount = _decimal(budget["amount"])
+    if unfit.need > amount:
+        reason = (
+            f"held: this job's worst case ({unfit.need} {currency}: its GPUs, CPUs and memory "
+            f"for its max_runtime_seconds at the highest prices) is more than the whole budget "
+            f"of {scope(budget)} ({budget['amount']} {currency} a month): it cannot start while "
+            "the budget is this size"
+        )
+        longest = longest_within(unfit.per_hour, amount) if unfit.per_hour > 0 else 0
+        shorter = (
+            f"lower max_runtime_seconds to at most {longest} (what the budget covers at these "
+            "prices)"
+            if longest > 0
+            else "ask for fewer GPUs"
+        )
+        suggestion = (
+            f"{shorter}, or ask a team admin or an operator to raise the budget to at least "
+            f"{unfit.need} {currency} (PUT /v1/budgets)"
+        )
+        return reason, blocking, suggestion, None
     reason = (
         f"held: the budget of {scope(budget)} cannot cover this job's worst case "
         f"({unfit.need} {currency}: its GPUs, CPUs and memory for its max_runtime_seconds "
@@ -357,7 +407,6 @@ def reservation_note_parts(unfit: Unfit, now: datetime) -> tuple[str, str, str, 
         f"it starts when one of them ends, the budget is raised or the month ends "
         f"({until:%Y-%m-%d} 00:00 UTC)"
     )
-    blocking = f"{HOLD_BLOCKING_PREFIX}{scope(budget)}"
     suggestion = (
         "wait for the team's running jobs to end, lower max_runtime_seconds, or ask a team "
         "admin or an operator to raise the budget (PUT /v1/budgets)"

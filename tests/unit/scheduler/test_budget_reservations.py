@@ -136,3 +136,26 @@ def test_a_job_whose_worst_case_exceeds_the_amount_waits_in_this_month_and_the_n
         assert [r["job_id"] for r in built.budget_held] == ["a0"]
     placed, _, _ = started(reserving_budget("team-a", amount="2.500000"), pending=four_jobs()[:1])
     assert placed == ["a0"]
+
+
+def test_a_job_whose_worst_case_is_more_than_the_whole_budget_is_told_it_never_starts() -> None:
+    # 4 GPUs for 10 h at 2.50: 100.00 at worst, against a budget of 3.00 a month. No job
+    # ending, no new month lets it start; before, it was told it would start when one of
+    # the jobs before it ended or the month ended, and given the next month as its start.
+    big = waiting("big", "qa", seq=0, team="team-a", project="vision", gpus=4)
+    big["max_runtime_seconds"] = 36000
+    placed, built, decisions = started(reserving_budget("team-a"), pending=[big])
+    assert placed == []
+    note = pending_notes(decisions, built)["big"]
+    assert note.reason == (
+        "held: this job's worst case (100.000000 USD: its GPUs, CPUs and memory for its "
+        "max_runtime_seconds at the highest prices) is more than the whole budget of team "
+        "team-a (3.000000 USD a month): it cannot start while the budget is this size"
+    )
+    assert note.suggestion == (
+        "lower max_runtime_seconds to at most 1080 (what the budget covers at these prices), "
+        "or ask a team admin or an operator to raise the budget to at least 100.000000 USD "
+        "(PUT /v1/budgets)"
+    )
+    assert note.blocking == "budget of team team-a"
+    assert note.estimated_start is None
