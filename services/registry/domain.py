@@ -207,6 +207,9 @@ class ModelVersion:
     description: str = ""
     created_by: str = "registry"
     deleted_at: datetime | None = None
+    model_deleted: bool = False
+    """Whether its model was deleted: its name may name another model now, whose versions
+    are not this one's (lineage tells them apart)."""
 
     @property
     def owned(self) -> bool:
@@ -238,6 +241,7 @@ class ModelVersion:
             tags=tuple(row["tags"]),
             description=row["description"],
             created_by=row["created_by"],
+            model_deleted=row.get("model_deleted_at") is not None,
             deleted_at=row["deleted_at"],
         )
 

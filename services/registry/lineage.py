@@ -111,6 +111,8 @@ class Graph:
         async def granted(node: Node) -> bool:
             if node.kind not in ("dataset_version", "model_version"):
                 return False
+            if node.detail.get("model_deleted"):
+                return False  # its grants went with it; a model made again has its own
             key = (node.kind, node.team, str(node.detail["name"]))
             if key not in answers:
                 answers[key] = await may_read(*key)
@@ -147,7 +149,11 @@ def _job_id(job_id: str) -> str:
 
 
 def _model_id(version: ModelVersion) -> str:
-    return f"model_version:{version.team}/{version.model_name}:{version.version}"
+    """A version's node id: ``model_version:TEAM/NAME:V``; for a version of a deleted model,
+    whose name a model made again may hold with a version V of its own, ``#`` and the
+    version's id follow."""
+    made = f"model_version:{version.team}/{version.model_name}:{version.version}"
+    return f"{made}#{version.id}" if version.model_deleted else made
 
 
 def _dataset_id(version: DatasetVersion) -> str:
@@ -169,6 +175,7 @@ def model_node(version: ModelVersion) -> Node:
             "job_id": version.job_id,
             "sha256": version.artifact.sha256,
             "deleted": version.deleted_at is not None,
+            "model_deleted": version.model_deleted,
         },
     )
 

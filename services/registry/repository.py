@@ -121,7 +121,8 @@ async def checkpoints_of_job(conn: asyncpg.Connection, job_id: str) -> list[Reco
 _VERSION_COLUMNS = """v.id, m.team, m.name, v.version, v.job_id, v.allocation_id,
     v.artifact_uri, v.artifact_manifest_uri, v.artifact_step, v.artifact_size_bytes,
     v.artifact_sha256, v.metrics, v.lineage, v.registered_at, v.origin, v.source_uri,
-    v.artifact_key, v.tags, v.description, v.created_by, v.deleted_at"""
+    v.artifact_key, v.tags, v.description, v.created_by, v.deleted_at,
+    m.deleted_at AS model_deleted_at"""
 VERSION_COLUMNS = _VERSION_COLUMNS
 """The columns ``ModelVersion.from_row`` reads (``model_versions v`` joined to ``models m``)."""
 

@@ -18,6 +18,7 @@ from tests.integration.registry.modelkit import (
     job_with_checkpoints,
     register,
 )
+from tests.integration.registry.test_datasets import add
 from tests.integration.registry.test_lineage import get, run_job
 from trainyard_platform.shared.storage import ObjectStore
 
@@ -133,7 +134,58 @@ async def test_the_lineage_of_a_job_made_from_a_deleted_model_stays_readable(
             assert gone.status_code == 200, gone.text
         up = await get(vision, f"/v1/lineage/models/vision/{tuned}/versions/1/upstream")
     deleted = {n["id"]: n["deleted"] for n in up["nodes"] if n["kind"] == "model_version"}
+    async with pool.acquire() as conn:
+        made = {
+            r["name"]: r["id"]
+            for r in await conn.fetch(
+                "SELECT m.name, v.id FROM model_versions v JOIN models m ON m.id = v.model_id "
+                "WHERE m.team = 'vision' AND m.name = ANY($1::text[])",
+                [base, tuned],
+            )
+        }
+    # The tuned model is not deleted (only its version): its id is as ever. The base model
+    # is: its version's id names the version, as the name may name another model now.
     assert deleted == {
-        f"model_version:vision/{base}:1": True,
+        f"model_version:vision/{base}:1#{made[base]}": True,
         f"model_version:vision/{tuned}:1": True,
     }
+
+
+async def test_a_model_made_again_under_a_deleted_one_s_name_is_another_lineage_node(
+    pool: asyncpg.Pool, store: ObjectStore
+) -> None:
+    """A deleted model's versions and those of the model made again under its name are
+    different versions: a lineage graph holding both (here, the downstream of a dataset each
+    was trained on) shows each as a node of its own. Before, both had the id
+    ``model_version:vision/NAME:1``: the graph kept the first and hung the second's edges on
+    it, so the new version read as deleted (or the old one as live)."""
+    tag = uuid.uuid4().hex[:6]
+    raw, base = f"raw-{tag}", f"base-{tag}"
+    async with app_as(pool, store, VISION) as vision:
+        assert (await add(vision, "vision", raw)).status_code == 201
+    await run_job(pool, store, base, datasets=[f"vision/{raw}:1"])
+    async with app_as(pool, store, VISION) as vision:
+        for path in (f"{base}/versions/1", base):
+            gone = await vision.delete(f"/v1/models/vision/{path}")
+            assert gone.status_code == 200, gone.text
+    await run_job(pool, store, base, datasets=[f"vision/{raw}:1"])
+    async with app_as(pool, store, VISION) as vision:
+        down = await get(vision, f"/v1/lineage/datasets/vision/{raw}/versions/1/downstream")
+        up = await get(vision, f"/v1/lineage/models/vision/{base}/versions/1/upstream")
+    versions = [n for n in down["nodes"] if n["kind"] == "model_version"]
+    assert sorted(n["deleted"] for n in versions) == [False, True]
+    assert len({n["id"] for n in versions}) == 2
+    (live,) = [n for n in versions if not n["deleted"]]
+    assert live["id"] == f"model_version:vision/{base}:1"  # a live model's ids are as before
+    # Each version's node is reached from its own checkpoint only.
+    into = {e["to"]: e["from"] for e in down["edges"] if e["relation"] == "registered_as"}
+    assert len({into[n["id"]] for n in versions}) == 2
+    assert [n["deleted"] for n in up["nodes"] if n["kind"] == "model_version"] == [False]
+
+    # A grant of the model made again opens it, not the deleted model's version.
+    async with app_as(pool, store, VISION_ADMIN) as vision:
+        assert (await vision.put(f"/v1/datasets/vision/{raw}/grants/ml")).is_success
+        assert (await vision.put(f"/v1/models/vision/{base}/grants/ml")).is_success
+    async with app_as(pool, store, ML) as ml:
+        theirs = await get(ml, f"/v1/lineage/datasets/vision/{raw}/versions/1/downstream")
+    assert [n["id"] for n in theirs["nodes"] if n["kind"] == "model_version"] == [live["id"]]
