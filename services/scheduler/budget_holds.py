@@ -10,8 +10,9 @@ Contract:
   hold may begin or end).
 - ``load(conn)``: the rows a hold can come from (exhausted, not deleted); ``holding(rows,
   now)`` keeps those that hold now, by (team, project): exhausted in ``now``'s UTC month
-  (a state of another month holds nothing, so a new month releases every hold without a
-  word from billing) and whose policy holds queued jobs (``holds_queued``).
+  (a state of an earlier month holds nothing, so a new month releases every hold without a
+  word from billing; one of a later month, said by a billing whose clock is ahead at
+  midnight, is in force: ``current``) and whose policy holds queued jobs (``holds_queued``).
 - ``holds_queued(policy, on_exhausted)``: a spent budget holds its queued jobs when its
   admission policy is ``refuse`` (no new spending is admitted: jobs queued before it ran
   out are not started either) or when its running jobs are stopped (``on_exhausted``
@@ -91,6 +92,14 @@ def next_month(at: datetime) -> datetime:
     return datetime(at.year + at.month // 12, at.month % 12 + 1, 1, tzinfo=UTC)
 
 
+def current(state: Row, month: str) -> bool:
+    """Whether billing's ``state`` is of ``month`` (``now``'s) or later. Billing says a
+    budget's state of its own current month, one row per budget: at midnight its clock may be
+    in the next month while the scheduler's is not, and the state of the month before is
+    replaced already, so a state of a later month is the one in force."""
+    return bool(state["month"] >= month)
+
+
 def holds_queued(policy: str, on_exhausted: str) -> bool:
     """Whether a spent budget with this policy holds its queued jobs (module contract)."""
     return policy == "refuse" or on_exhausted == "stop"
@@ -117,7 +126,7 @@ def holding(rows: Iterable[Row], now: datetime) -> dict[tuple[str, str], Row]:
     return {
         (r["team"], r["project"]): r
         for r in rows
-        if r["month"] == month
+        if current(r, month)
         and r.get("exhausted", True)
         and holds_queued(r["policy"], r["on_exhausted"])
     }
@@ -144,7 +153,7 @@ def lowering(rows: Iterable[Row], now: datetime) -> dict[tuple[str, str], Row]:
     return {
         (r["team"], r["project"]): r
         for r in rows
-        if r["month"] == month
+        if current(r, month)
         and r.get("exhausted", True)
         and r["policy"] == "deprioritize"
         and not holds_queued(r["policy"], r["on_exhausted"])
@@ -254,7 +263,7 @@ def reserving(rows: Iterable[Row], now: datetime) -> dict[tuple[str, str], Row]:
     for r in rows:
         if r.get("rates") is None or not holds_queued(r["policy"], r["on_exhausted"]):
             continue
-        if r["month"] == month and not r.get("exhausted", True):
+        if current(r, month) and not r.get("exhausted", True):
             found[(r["team"], r["project"])] = r
         elif r["month"] < month:
             found[(r["team"], r["project"])] = {**r, "month": month, "spent": "0.000000"}

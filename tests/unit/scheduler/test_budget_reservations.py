@@ -11,7 +11,12 @@ from typing import Any
 
 from tests.unit.scheduler.test_budget_holds import budget, implicit_queue_z
 from tests.unit.scheduler.test_convert import HALF_LIFE, NOW, member, queue, rows, waiting
-from trainyard_platform.services.scheduler.budget_holds import reservation, reserving
+from trainyard_platform.services.scheduler.budget_holds import (
+    holding,
+    lowering,
+    reservation,
+    reserving,
+)
 from trainyard_platform.services.scheduler.convert import build_snapshot, pending_notes
 from trainyard_platform.services.scheduler.policy.engine import schedule
 from trainyard_platform.services.scheduler.policy.model import PolicyConfig
@@ -159,3 +164,17 @@ def test_a_job_whose_worst_case_is_more_than_the_whole_budget_is_told_it_never_s
     )
     assert note.blocking == "budget of team team-a"
     assert note.estimated_start is None
+
+
+def test_a_state_billing_said_of_the_next_month_holds_and_reserves_now() -> None:
+    # Billing's clock a little ahead of the scheduler's at midnight: the state it says of
+    # April (one row per budget: March's is replaced) arrives while the scheduler's clock is
+    # still in March. Before, that state held nothing and reserved nothing (another month),
+    # so every queued job of the team started until the scheduler's clock caught up.
+    late = datetime(2025, 3, 31, 23, 59, 59, 900000, tzinfo=UTC)
+    april = reserving_budget("team-a", month="2025-04")
+    assert set(reserving([april], late)) == {("team-a", "")}
+    spent = budget("team-a", month="2025-04", exhausted=True)
+    assert set(holding([spent], late)) == {("team-a", "")}
+    lowers = budget("team-a", month="2025-04", exhausted=True, policy="deprioritize")
+    assert set(lowering([lowers], late)) == {("team-a", "")}
