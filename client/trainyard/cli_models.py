@@ -580,15 +580,23 @@ def run_delete(session: Session) -> int:
         lambda: registry.call("DELETE", f"/v1/models/{ref.path}", None, if_match(args)),
         f"trainyard model show {ref}",
     )
-    session.emit(
-        deleted,
-        lambda: (
-            f"deleted {ref}; its name is free (its {deleted.get('tombstones', 0)} deleted "
-            f"versions stay in the lineage made from them; freed {deleted.get('objects', 0)} "
-            f"objects, {deleted.get('bytes', 0)} bytes)"
-        ),
-    )
+    session.emit(deleted, lambda: deleted_text(str(ref), deleted))
     return Exit.OK
+
+
+def deleted_text(ref: str, deleted: Any) -> str:
+    """What ``model delete`` says: the tombstones it kept (none for a model never given a
+    version) and what it freed."""
+    kept = int(deleted.get("tombstones", 0))
+    stay = (
+        ""
+        if not kept
+        else f"its {kept} deleted version stays in the lineage made from it; "
+        if kept == 1
+        else f"its {kept} deleted versions stay in the lineage made from them; "
+    )
+    freed = f"freed {deleted.get('objects', 0)} objects, {deleted.get('bytes', 0)} bytes"
+    return f"deleted {ref}; its name is free ({stay}{freed})"
 
 
 def run_grant(session: Session) -> int:

@@ -313,3 +313,24 @@ def test_a_refused_model_delete_is_one_line(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
     assert ("trainyard model show ml/bert" if status == 412 else detail) in err
+
+
+@pytest.mark.parametrize(
+    ("tombstones", "said"),
+    [
+        (0, "deleted ml/bert; its name is free (freed 0 objects, 0 bytes)"),
+        (
+            1,
+            "deleted ml/bert; its name is free (its 1 deleted version stays in the lineage "
+            "made from it; freed 0 objects, 0 bytes)",
+        ),
+    ],
+)
+def test_a_model_delete_counts_its_tombstones_in_words_that_fit(
+    api: dict[str, Any], capsys: pytest.CaptureFixture[str], tombstones: int, said: str
+) -> None:
+    """A model never given a version keeps no tombstone, and one kept is one version. Before:
+    'its 0 deleted versions stay in the lineage made from them', 'its 1 deleted versions'."""
+    api["route"] = lambda request: httpx.Response(200, json={**DELETED, "tombstones": tombstones})
+    assert cli.main([*BASE, "model", "delete", "ml/bert"]) == Exit.OK
+    assert capsys.readouterr().out == f"{said}\n"
