@@ -36,7 +36,7 @@ Contract:
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from decimal import ROUND_CEILING, Decimal
 
@@ -176,9 +176,15 @@ async def check(
 
 
 async def say_state(
-    conn: asyncpg.Connection, budget: Budget, now: datetime, deleted: bool = False
+    conn: asyncpg.Connection,
+    budget: Budget,
+    now: datetime,
+    deleted: bool = False,
+    rates_now: Mapping[str, ReservationRates] | None = None,
 ) -> Decimal:
-    """Say the budget's state this month (module contract); return what is spent."""
+    """Say the budget's state this month (module contract); return what is spent.
+    ``rates_now``: ``rates(conn, now)`` read already in this transaction (a caller saying
+    many budgets reads the book once); else they are read here when the budget reserves."""
     month = month_start(now)
     spent = await repo.spent(conn, budget, month, now)
     revision = await repo.next_revision(conn)
@@ -194,7 +200,13 @@ async def say_state(
         deleted=deleted,
         revision=revision,
         on_exhausted=budget.on_exhausted,
-        rates=await rates(conn, now) if reserves(budget) and not deleted else None,
+        rates=(
+            None
+            if deleted or not reserves(budget)
+            else dict(rates_now)
+            if rates_now is not None
+            else await rates(conn, now)
+        ),
     )
     await _say(conn, state, budget.team, f"budget:{budget.team}:{budget.project or ''}:{revision}")
     if not deleted:
@@ -231,11 +243,14 @@ async def reserving(conn: asyncpg.Connection, now: datetime) -> None:
     after a change of the price book: the rates it reserves at are the book's. In the
     change's transaction, holding each budget's scope (in turns with bills)."""
     budgets = [b for b in await repo.of_teams(conn, None) if reserves(b)]
+    if not budgets:
+        return
     await repo.lock(conn, [(b.team, b.project) for b in budgets])
+    said = await rates(conn, now)  # one book for all: read once, not once per budget
     for budget in budgets:
         current = await repo.get(conn, budget.team, budget.project)
         if current is not None and reserves(current):
-            await say_state(conn, current, now)
+            await say_state(conn, current, now, rates_now=said)
 
 
 async def _say(conn: asyncpg.Connection, payload: Payload, subject: str, event_id: str) -> None:

@@ -11,6 +11,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from typing import Any
 
 import asyncpg
 import httpx
@@ -18,6 +19,7 @@ import pytest
 from pydantic import SecretStr
 
 from tests.integration.billing.conftest import Billing, feed, grant_of, release_event, until
+from trainyard_platform.services.billing import budget_watch
 from trainyard_platform.services.billing import budgets_repository as budgets_repo
 from trainyard_platform.services.billing import catalogue_repository as catalogue
 from trainyard_platform.services.billing import ledger_repository as ledger_repo
@@ -981,3 +983,33 @@ async def test_a_budget_that_holds_queued_jobs_says_its_rates_and_is_said_after_
     bill = released("v1", month + timedelta(minutes=1), timedelta(hours=1), team="vision")
     await feed(pool, grant_of(bill), release_event(bill))
     assert len(await _states(pool, "vision")) == 1
+
+
+async def test_a_price_change_reads_the_book_once_for_every_budget_that_reserves(
+    pool: asyncpg.Pool, client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A price change says again the state of every budget that reserves, in its
+    transaction, holding all their scopes (bills wait): the rates are the same for each, so
+    the book is read once, not once per budget (a thousand budgets read the whole book a
+    thousand times while every bill waited)."""
+    for path, headers in (
+        ("/v1/budgets/ml", ML_ADMIN),
+        ("/v1/budgets/ml/nlp", ML_ADMIN),
+        ("/v1/budgets/vision", OPERATOR_USER),
+    ):
+        put = await client.put(path, json={"amount": "1000", "policy": "refuse"}, headers=headers)
+        assert put.status_code in (200, 201), put.text
+    reads = 0
+    whole_book = catalogue.schedule
+
+    async def counted(conn: asyncpg.Connection, flavor: str | None = None) -> Any:
+        nonlocal reads
+        reads += 1
+        return await whole_book(conn, flavor)
+
+    monkeypatch.setattr(catalogue, "schedule", counted)
+    async with pool.acquire() as conn, conn.transaction():
+        await budget_watch.reserving(conn, datetime.now(UTC))
+    assert reads == 1
+    *_, said = await _states(pool, "vision")
+    assert said.rates is not None and said.rates["a100"].gpu_hour == "2.5"
