@@ -383,7 +383,9 @@ def reservation_note_parts(unfit: Unfit, now: datetime) -> tuple[str, str, str, 
     budget to have room for its reservation. A job whose worst case is more than the whole
     amount is told it cannot start while the budget is that size, the longest
     ``max_runtime_seconds`` the budget covers, and the amount that would cover it; it has
-    no estimated start."""
+    no estimated start. Another is told what lets it start: the jobs before it ending (only
+    when they reserve something), a raise, the month's end, or the longest
+    ``max_runtime_seconds`` that fits in what is left now."""
     budget = unfit.budget
     until = next_month(now)
     currency = budget["currency"]
@@ -408,16 +410,29 @@ def reservation_note_parts(unfit: Unfit, now: datetime) -> tuple[str, str, str, 
             f"{unfit.need} {currency} (PUT /v1/budgets)"
         )
         return reason, blocking, suggestion, None
+    if unfit.reserved:
+        reserved = f"{unfit.reserved:.6f} {currency} is reserved by jobs before it"
+        when = "one of them ends, the budget is raised or the month ends"
+    else:  # no job ending frees room: only a raise or the month's end
+        reserved = "nothing is reserved by other jobs"
+        when = "the budget is raised or the month ends"
     reason = (
         f"held: the budget of {scope(budget)} cannot cover this job's worst case "
         f"({unfit.need} {currency}: its GPUs, CPUs and memory for its max_runtime_seconds "
         f"at the highest prices); {budget['spent']} of {budget['amount']} {currency} is spent "
-        f"in {budget['month']} and {unfit.reserved} {currency} is reserved by jobs before it; "
-        f"it starts when one of them ends, the budget is raised or the month ends "
+        f"in {budget['month']} and {reserved}; it starts when {when} "
         f"({until:%Y-%m-%d} 00:00 UTC)"
     )
-    suggestion = (
-        "wait for the team's running jobs to end, lower max_runtime_seconds, or ask a team "
-        "admin or an operator to raise the budget (PUT /v1/budgets)"
-    )
+    left = amount - _decimal(budget["spent"]) - unfit.reserved
+    longest = longest_within(unfit.per_hour, left) if unfit.per_hour > 0 else 0
+    ways = [
+        *(["wait for the team's running jobs to end"] if unfit.reserved else []),
+        *(
+            [f"lower max_runtime_seconds to at most {longest} (what is left of the budget covers)"]
+            if longest > 0
+            else []
+        ),
+        "ask a team admin or an operator to raise the budget (PUT /v1/budgets)",
+    ]
+    suggestion = ", or ".join([", ".join(ways[:-1]), ways[-1]]) if len(ways) > 1 else ways[0]
     return reason, blocking, suggestion, until

@@ -178,3 +178,36 @@ def test_a_state_billing_said_of_the_next_month_holds_and_reserves_now() -> None
     assert set(holding([spent], late)) == {("team-a", "")}
     lowers = budget("team-a", month="2025-04", exhausted=True, policy="deprioritize")
     assert set(lowering([lowers], late)) == {("team-a", "")}
+
+
+def test_a_job_that_waits_for_what_is_spent_is_not_told_to_wait_for_jobs_that_do_not_exist() -> (
+    None
+):
+    # 1.00 of 3.00 spent, nothing running or queued before it: 2.00 is left, the job needs
+    # 2.50. No job ending frees room, so it is told what does (a raise, the month's end, or
+    # a max_runtime_seconds that fits in what is left); before, it was told to wait for
+    # 'one of them' to end and that '0 USD is reserved by jobs before it'.
+    placed, built, decisions = started(
+        reserving_budget("team-a", spent="1.000000"), pending=four_jobs()[:1]
+    )
+    assert placed == []
+    note = pending_notes(decisions, built)["a0"]
+    assert note.reason == (
+        "held: the budget of team team-a cannot cover this job's worst case (2.500000 USD: "
+        "its GPUs, CPUs and memory for its max_runtime_seconds at the highest prices); "
+        "1.000000 of 3.000000 USD is spent in 2025-03 and nothing is reserved by other jobs; "
+        "it starts when the budget is raised or the month ends (2025-04-01 00:00 UTC)"
+    )
+    assert note.suggestion == (
+        "lower max_runtime_seconds to at most 2880 (what is left of the budget covers), or "
+        "ask a team admin or an operator to raise the budget (PUT /v1/budgets)"
+    )
+    assert note.estimated_start == datetime(2025, 4, 1, tzinfo=UTC)
+    # With jobs before it, it is told to wait for them too, and what fits beside them.
+    placed, built, decisions = started(reserving_budget("team-a", amount="4.000000"))
+    assert placed == ["a0"]
+    assert pending_notes(decisions, built)["a1"].suggestion == (
+        "wait for the team's running jobs to end, lower max_runtime_seconds to at most 2160 "
+        "(what is left of the budget covers), or ask a team admin or an operator to raise "
+        "the budget (PUT /v1/budgets)"
+    )
