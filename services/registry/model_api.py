@@ -53,6 +53,7 @@ granted team the model, not the owner's work behind it (``grantee_view.shown``).
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from functools import partial
@@ -137,6 +138,8 @@ MOVES = paging.Cursor("GET .../aliases/{alias}/moves", paging.integer)
 """A page's position in one alias's moves (``of`` ``team/name/alias``)."""
 LIST_PARAMETERS = frozenset({"team", "after", "limit", "project", "granted"})
 
+log = logging.getLogger(__name__)
+
 
 class StorageUnavailable(Exception):
     """The registry runs without an object store (answered 503)."""
@@ -168,6 +171,35 @@ def version_tag(version: ModelVersion) -> str:
     """The ETag of a model version: of the registration it is (its id; a version is never
     changed, only deleted)."""
     return entity_tag({"id": version.id})
+
+
+async def free_after_commit(
+    store: ObjectStore | None, versions: Sequence[ModelVersion]
+) -> models.Freed:
+    """Free the objects of ``versions``, whose tombstones committed: what was freed. The
+    deletion is done whatever happens here: a store that fails leaves the objects of that
+    version and those after it to the storage collector (logged at WARNING), and the answer
+    says only what was freed, never an error for a deletion that committed."""
+    freed = models.Freed(0, 0)
+    if store is None:
+        return freed
+    for i, version in enumerate(versions):
+        try:
+            more = await asyncio.to_thread(models.free_objects, store, version)
+        except Exception as exc:
+            log.warning(
+                "model %s/%s: the objects of %d deleted version(s) from version %d on are "
+                "left to the storage collector: freeing them failed (%s: %s)",
+                version.team,
+                version.model_name,
+                len(versions) - i,
+                version.version,
+                type(exc).__name__,
+                exc,
+            )
+            break
+        freed = models.Freed(freed.objects + more.objects, freed.bytes + more.bytes)
+    return freed
 
 
 def model_tag(model: ModelRow) -> str:
@@ -324,11 +356,7 @@ def model_routes(
         # After the commit, as a version's deletion frees its objects: what a failed free
         # left of the tombstones' (the collector frees them otherwise). Without a store
         # there is nothing to free.
-        freed = models.Freed(0, 0)
-        if store is not None:
-            for version in tombstones:
-                more = await asyncio.to_thread(models.free_objects, store, version)
-                freed = models.Freed(freed.objects + more.objects, freed.bytes + more.bytes)
+        freed = await free_after_commit(store, tombstones)
         return ModelDeleted(
             team=team,
             model=name,
@@ -449,11 +477,7 @@ def model_routes(
                 )
         # After the tombstone committed: a failure here leaves unreferenced objects, which
         # the storage collector frees; never a live version without its objects.
-        freed = (
-            await asyncio.to_thread(models.free_objects, source, found)
-            if source is not None
-            else models.Freed(0, 0)
-        )
+        freed = await free_after_commit(source, [found])
         return Freed(
             team=team, model=name, version=version, objects=freed.objects, bytes=freed.bytes
         )

@@ -20,6 +20,7 @@ from tests.integration.registry.modelkit import (
 )
 from tests.integration.registry.test_datasets import add
 from tests.integration.registry.test_lineage import get, run_job
+from trainyard_platform.services.registry import models
 from trainyard_platform.shared.storage import ObjectStore
 
 pytestmark = pytest.mark.integration
@@ -189,3 +190,28 @@ async def test_a_model_made_again_under_a_deleted_one_s_name_is_another_lineage_
     async with app_as(pool, store, ML) as ml:
         theirs = await get(ml, f"/v1/lineage/datasets/vision/{raw}/versions/1/downstream")
     assert [n["id"] for n in theirs["nodes"] if n["kind"] == "model_version"] == [live["id"]]
+
+
+async def test_a_deletion_whose_objects_cannot_be_freed_now_still_answers_that_it_is_done(
+    pool: asyncpg.Pool, store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The objects of a deleted version (or of a deleted model's tombstones) are freed after
+    the deletion commits; the store failing then leaves them to the storage collector. The
+    deletion is done: the answer says so, with nothing freed. Before, the store's error
+    reached the caller as a 500 for a deletion that had committed, and a retry got 404."""
+    name = f"flaky-{uuid.uuid4().hex[:6]}"
+    job = await job_with_checkpoints(pool, store, [1])
+
+    def store_down(store: ObjectStore, version: object) -> models.Freed:
+        raise OSError("connection reset by the object store")
+
+    async with app_as(pool, store, VISION_ADMIN) as client:
+        assert (await register(client, "vision", name, job)).status_code == 201
+        monkeypatch.setattr(models, "free_objects", store_down)
+        gone = await client.delete(f"/v1/models/vision/{name}/versions/1")
+        assert gone.status_code == 200, gone.text
+        assert (gone.json()["objects"], gone.json()["bytes"]) == (0, 0)
+        deleted = await client.delete(f"/v1/models/vision/{name}")
+        assert deleted.status_code == 200, deleted.text
+        assert (deleted.json()["tombstones"], deleted.json()["objects"]) == (1, 0)
+        assert (await client.get(f"/v1/models/vision/{name}")).status_code == 404
