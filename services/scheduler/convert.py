@@ -13,8 +13,9 @@ Contract:
   team's or project's budget holds it (``budget_holds``: spent this UTC month under a policy
   that holds queued jobs; ``budget_note`` says which budget, and until when), or cannot take
   its worst case beside what is spent and reserved (``budget_holds.fit``, in the order the
-  jobs would start: class, then arrival; the note says what it needs); a waiting job
-  that submission lowered to the class a spent budget under ``deprioritize`` gives its team's
+  jobs would start: class, then arrival; the note says what it needs; a job no ready node
+  can hold, its flavor's ready uncordoned GPUs fewer than it asks, reserves nothing); a
+  waiting job that submission lowered to the class a spent budget under ``deprioritize`` gives its team's
   (or project's) new jobs is told so first (``lowered_note``; ``budget_holds.lowering``); a
   job being cancelled, or under a preemption notice, is *leaving* (never chosen as a victim
   again); usage is decayed to ``now`` with the policy's ``decay_usage``.
@@ -175,11 +176,20 @@ def build_snapshot(rows: SnapshotRows, now: datetime, half_life_s: float) -> Bui
         by_job.setdefault(a["job_id"], []).append(a)
     # A budget that reserves takes the worst case of its jobs in the order they would
     # start (class, then arrival); one that does not fit waits for it (``budget_holds.fit``).
+    # A job no ready node can hold (its flavor's ready, uncordoned GPUs fewer than it asks)
+    # cannot start in this pass: it reserves nothing, so it keeps no later job of its budget
+    # waiting for as long as those nodes are away.
     reserves = reserving(rows.budgets, now)
     value = {c.name: c.value for c in classes}
+    ready_gpus: dict[str, int] = {}
+    if reserves:
+        for n in rows.nodes:
+            if not n.get("cordoned"):
+                flavor = n["gpu_flavor"]
+                ready_gpus[flavor] = ready_gpus.get(flavor, 0) + n["gpu_count"]
     unfit = fit(
         sorted(
-            candidates,
+            (c for c in candidates if c["gpus"] <= ready_gpus.get(c["gpu_flavor"], 0)),
             key=lambda r: (-value[r["priority_class"]], r["submitted_at"], r["seq"]),
         ),
         by_job,

@@ -10,7 +10,7 @@ from decimal import Decimal
 from typing import Any
 
 from tests.unit.scheduler.test_budget_holds import budget, implicit_queue_z
-from tests.unit.scheduler.test_convert import HALF_LIFE, NOW, member, queue, rows, waiting
+from tests.unit.scheduler.test_convert import HALF_LIFE, NOW, member, node, queue, rows, waiting
 from trainyard_platform.services.scheduler.budget_holds import (
     holding,
     lowering,
@@ -211,3 +211,29 @@ def test_a_job_that_waits_for_what_is_spent_is_not_told_to_wait_for_jobs_that_do
         "(what is left of the budget covers), or ask a team admin or an operator to raise "
         "the budget (PUT /v1/budgets)"
     )
+
+
+def test_a_job_no_ready_node_can_hold_reserves_nothing_in_the_pass() -> None:
+    # The first job asks for a flavor no ready node has (its nodes drained, lost, or
+    # cordoned), or more GPUs of its flavor than all ready nodes hold: it cannot start in
+    # this pass, nor in any until such nodes come. Before, it took the budget's room all the
+    # same, and every later job of the team waited behind it, told to wait for the jobs
+    # before it, for as long as those nodes were away.
+    rates = {**RATES, "h100": {"gpu_hour": "2.5"}}
+    for first, amount in (
+        (waiting("first", "qa", seq=0, team="team-a", project="vision", gpu_flavor="h100"), "3"),
+        (waiting("first", "qa", gpus=9, seq=0, team="team-a", project="vision"), "24"),  # 8 ready
+    ):
+        # Room for the first (2.50, or 9 x 2.50) or the second (2.50), not both.
+        then = waiting("then", "qa", seq=1, team="team-a", project="vision")
+        placed, built, _ = started(
+            reserving_budget("team-a", amount=amount, rates=rates), pending=[first, then]
+        )
+        assert placed == ["then"]
+        assert built.unfit == {}
+    # A cordoned node takes no new job: its GPUs do not count.
+    cordoned = [{**node("n1"), "cordoned": True}, {**node("n2"), "cordoned": True}]
+    only = waiting("only", "qa", seq=0, team="team-a", project="vision")
+    before = waiting("before", "qa", seq=0, team="team-a", project="vision")
+    _, built, _ = started(reserving_budget("team-a"), pending=[before, only], nodes=cordoned)
+    assert built.unfit == {}
