@@ -33,6 +33,7 @@ def _version(k: int) -> Any:
         artifact=SimpleNamespace(sha256="0" * 64, uri=f"s3://b/j{k}/c.pt"),
         source_uri=f"s3://b/j{k}/c.pt",
         deleted_at=None,
+        model_deleted=False,
     )
 
 
