@@ -292,11 +292,27 @@ def hourly(job: Row, rates: Mapping[str, Any]) -> Decimal:
     rate = rates.get(job["gpu_flavor"])
     if not rate:
         return Decimal(0)
-    gpus = Decimal(job["gpus"])
-    return gpus * (
-        _decimal(rate.get("gpu_hour"))
-        + Decimal(job.get("cpus_per_gpu") or 0) * _decimal(rate.get("cpu_hour"))
-        + Decimal(job.get("memory_gib_per_gpu") or 0) * _decimal(rate.get("memory_gib_hour"))
+    return _hourly_at(job, _prices(rate))
+
+
+Prices = tuple[Decimal, Decimal, Decimal]
+"""One flavor's rates parsed: GPU-hour, CPU-hour and memory GiB-hour prices."""
+
+
+def _prices(rate: Mapping[str, Any]) -> Prices:
+    return (
+        _decimal(rate.get("gpu_hour")),
+        _decimal(rate.get("cpu_hour")),
+        _decimal(rate.get("memory_gib_hour")),
+    )
+
+
+def _hourly_at(job: Row, prices: Prices) -> Decimal:
+    gpu, cpu, memory = prices
+    return Decimal(job["gpus"]) * (
+        gpu
+        + Decimal(job.get("cpus_per_gpu") or 0) * cpu
+        + Decimal(job.get("memory_gib_per_gpu") or 0) * memory
     )
 
 
@@ -336,45 +352,72 @@ class Unfit:
     per_hour: Decimal = Decimal(0)
 
 
+@dataclass(frozen=True)
+class _Parsed:
+    """A reserving budget's decimal strings, parsed once a pass (``fit``)."""
+
+    amount: Decimal
+    spent: Decimal
+    prices: Mapping[str, Prices]
+    """Per flavor with a rate (a falsy rate is none: reserved 0, as ``hourly`` says)."""
+
+    @classmethod
+    def of(cls, budget: Row) -> _Parsed:
+        rates: Mapping[str, Any] = budget["rates"]
+        return cls(
+            _decimal(budget["amount"]),
+            _decimal(budget["spent"]),
+            {flavor: _prices(rate) for flavor, rate in rates.items() if rate},
+        )
+
+    def hourly(self, job: Row) -> Decimal:
+        """``hourly(job, rates)`` from the parsed prices."""
+        prices = self.prices.get(job["gpu_flavor"])
+        return Decimal(0) if prices is None else _hourly_at(job, prices)
+
+
 def fit(
     queued: Iterable[Row],
     running: Mapping[str, Sequence[Row]],
     reserves: Reserves,
 ) -> dict[str, Unfit]:
     """The queued jobs (in the order given: the order they would start in) that must wait
-    because a budget cannot take their reservation, by job id (module contract)."""
+    because a budget cannot take their reservation, by job id (module contract). Each
+    budget's amount, spent and rates are parsed once a pass, not once per job."""
     if not reserves:
         return {}
+    parsed = {key: _Parsed.of(budget) for key, budget in reserves.items()}
     reserved = {key: Decimal(0) for key in reserves}
+
+    def keys_of(job: Row) -> list[tuple[str, str]]:
+        team, project = job.get("team", ""), job.get("project")
+        keys = [(team, ""), *([(team, project)] if project else [])]
+        return [k for k in keys if k in reserves]
+
     for members in running.values():
         first = members[0]
-        for budget in reserves_for(first.get("team", ""), first.get("project"), reserves):
-            key = (budget["team"], budget["project"])
-            reserved[key] += reservation(first, budget["rates"])
+        for key in keys_of(first):
+            reserved[key] += _worst(parsed[key].hourly(first), first["max_runtime_seconds"])
     unfit: dict[str, Unfit] = {}
     for job in queued:
-        budgets = reserves_for(job.get("team", ""), job.get("project"), reserves)
-        needs = [(b, reservation(job, b["rates"])) for b in budgets]
+        needs = []
+        for key in keys_of(job):
+            per_hour = parsed[key].hourly(job)
+            needs.append((key, per_hour, _worst(per_hour, job["max_runtime_seconds"])))
         short = next(
             (
-                (b, need)
-                for b, need in needs
-                if _decimal(b["spent"]) + reserved[(b["team"], b["project"])] + need
-                > _decimal(b["amount"])
+                (key, per_hour, need)
+                for key, per_hour, need in needs
+                if parsed[key].spent + reserved[key] + need > parsed[key].amount
             ),
             None,
         )
         if short is not None:
-            budget, need = short
-            unfit[job["job_id"]] = Unfit(
-                budget,
-                need,
-                reserved[(budget["team"], budget["project"])],
-                hourly(job, budget["rates"]),
-            )
+            key, per_hour, need = short
+            unfit[job["job_id"]] = Unfit(reserves[key], need, reserved[key], per_hour)
             continue
-        for b, need in needs:
-            reserved[(b["team"], b["project"])] += need
+        for key, _, need in needs:
+            reserved[key] += need
     return unfit
 
 
