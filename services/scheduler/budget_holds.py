@@ -65,13 +65,24 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from decimal import ROUND_CEILING, Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any
 
 import asyncpg
 
-from trainyard_platform.shared import budget_states
+from trainyard_platform.shared import budget_states, worst_case
 from trainyard_platform.shared.events.payloads import BudgetUpdated
+from trainyard_platform.shared.worst_case import (
+    Prices,
+    over_whole,
+    over_whole_reason,
+    over_whole_remedy,
+    worst,
+)
+from trainyard_platform.shared.worst_case import holds_queued as holds_queued
+from trainyard_platform.shared.worst_case import hourly as hourly
+from trainyard_platform.shared.worst_case import longest_within as longest_within
+from trainyard_platform.shared.worst_case import reservation as reservation
 
 Row = Mapping[str, Any]
 Holds = Mapping[tuple[str, str], Row]
@@ -98,11 +109,6 @@ def current(state: Row, month: str) -> bool:
     in the next month while the scheduler's is not, and the state of the month before is
     replaced already, so a state of a later month is the one in force."""
     return bool(state["month"] >= month)
-
-
-def holds_queued(policy: str, on_exhausted: str) -> bool:
-    """Whether a spent budget with this policy holds its queued jobs (module contract)."""
-    return policy == "refuse" or on_exhausted == "stop"
 
 
 async def apply_state(conn: asyncpg.Connection, state: BudgetUpdated) -> bool:
@@ -249,7 +255,6 @@ def budget_note_parts(hold: Row, now: datetime) -> tuple[str, str, str, datetime
 
 Reserves = Mapping[tuple[str, str], Row]
 """Budgets that reserve now (``reserving``), by (team, project)."""
-_MICRO = Decimal("0.000001")
 
 
 def reserving(rows: Iterable[Row], now: datetime) -> dict[tuple[str, str], Row]:
@@ -268,68 +273,6 @@ def reserving(rows: Iterable[Row], now: datetime) -> dict[tuple[str, str], Row]:
         elif r["month"] < month:
             found[(r["team"], r["project"])] = {**r, "month": month, "spent": "0.000000"}
     return found
-
-
-def _decimal(value: object) -> Decimal:
-    try:
-        found = Decimal(str(value))
-    except InvalidOperation:
-        return Decimal(0)
-    return found if found.is_finite() and found > 0 else Decimal(0)
-
-
-def reservation(job: Row, rates: Mapping[str, Any]) -> Decimal:
-    """The worst case of one attempt of ``job`` (a queued or running job's row: gpus,
-    gpu_flavor, max_runtime_seconds, cpus_per_gpu, memory_gib_per_gpu) at ``rates`` (a
-    budget state's): its GPUs, CPUs and memory for ``max_runtime_seconds`` at the flavor's
-    highest prices per hour, rounded up to a micro-unit; 0 for a flavor without a rate."""
-    return _worst(hourly(job, rates), job["max_runtime_seconds"])
-
-
-def hourly(job: Row, rates: Mapping[str, Any]) -> Decimal:
-    """What an hour of ``job`` (its GPUs, CPUs and memory) costs at most at ``rates``; 0 for
-    a flavor without a rate."""
-    rate = rates.get(job["gpu_flavor"])
-    if not rate:
-        return Decimal(0)
-    return _hourly_at(job, _prices(rate))
-
-
-Prices = tuple[Decimal, Decimal, Decimal]
-"""One flavor's rates parsed: GPU-hour, CPU-hour and memory GiB-hour prices."""
-
-
-def _prices(rate: Mapping[str, Any]) -> Prices:
-    return (
-        _decimal(rate.get("gpu_hour")),
-        _decimal(rate.get("cpu_hour")),
-        _decimal(rate.get("memory_gib_hour")),
-    )
-
-
-def _hourly_at(job: Row, prices: Prices) -> Decimal:
-    gpu, cpu, memory = prices
-    return Decimal(job["gpus"]) * (
-        gpu
-        + Decimal(job.get("cpus_per_gpu") or 0) * cpu
-        + Decimal(job.get("memory_gib_per_gpu") or 0) * memory
-    )
-
-
-def _worst(per_hour: Decimal, seconds: int) -> Decimal:
-    cost = per_hour * Decimal(seconds) / Decimal(3600)
-    return cost.quantize(_MICRO, rounding=ROUND_CEILING)
-
-
-def longest_within(per_hour: Decimal, amount: Decimal) -> int:
-    """The most whole seconds whose worst case at ``per_hour`` (rounded up as
-    ``reservation`` rounds it) is within ``amount``."""
-    if per_hour <= 0:
-        raise ValueError("per_hour: must be > 0")
-    seconds = int(max(amount, Decimal(0)) * 3600 / per_hour)
-    while seconds > 0 and _worst(per_hour, seconds) > amount:
-        seconds -= 1
-    return seconds
 
 
 def reserves_for(team: str, project: str | None, reserves: Reserves) -> list[Row]:
@@ -365,15 +308,15 @@ class _Parsed:
     def of(cls, budget: Row) -> _Parsed:
         rates: Mapping[str, Any] = budget["rates"]
         return cls(
-            _decimal(budget["amount"]),
-            _decimal(budget["spent"]),
-            {flavor: _prices(rate) for flavor, rate in rates.items() if rate},
+            worst_case.decimal(budget["amount"]),
+            worst_case.decimal(budget["spent"]),
+            {flavor: worst_case.prices(rate) for flavor, rate in rates.items() if rate},
         )
 
     def hourly(self, job: Row) -> Decimal:
         """``hourly(job, rates)`` from the parsed prices."""
         prices = self.prices.get(job["gpu_flavor"])
-        return Decimal(0) if prices is None else _hourly_at(job, prices)
+        return Decimal(0) if prices is None else worst_case.hourly_at(job, prices)
 
 
 def fit(
@@ -397,13 +340,13 @@ def fit(
     for members in running.values():
         first = members[0]
         for key in keys_of(first):
-            reserved[key] += _worst(parsed[key].hourly(first), first["max_runtime_seconds"])
+            reserved[key] += worst(parsed[key].hourly(first), first["max_runtime_seconds"])
     unfit: dict[str, Unfit] = {}
     for job in queued:
         needs = []
         for key in keys_of(job):
             per_hour = parsed[key].hourly(job)
-            needs.append((key, per_hour, _worst(per_hour, job["max_runtime_seconds"])))
+            needs.append((key, per_hour, worst(per_hour, job["max_runtime_seconds"])))
         short = next(
             (
                 (key, per_hour, need)
@@ -433,26 +376,14 @@ def reservation_note_parts(unfit: Unfit, now: datetime) -> tuple[str, str, str, 
     until = next_month(now)
     currency = budget["currency"]
     blocking = f"{HOLD_BLOCKING_PREFIX}{scope(budget)}"
-    amount = _decimal(budget["amount"])
-    if unfit.need > amount:
+    amount = worst_case.decimal(budget["amount"])
+    over = over_whole(unfit.need, unfit.per_hour, amount)
+    if over is not None:  # said as submission says it when it refuses such a job
         reason = (
-            f"held: this job's worst case ({unfit.need} {currency}: its GPUs, CPUs and memory "
-            f"for its max_runtime_seconds at the highest prices) is more than the whole budget "
-            f"of {scope(budget)} ({budget['amount']} {currency} a month): it cannot start while "
-            "the budget is this size"
+            f"held: {over_whole_reason(over, scope(budget), budget['amount'], currency)}: it "
+            "cannot start while the budget is this size"
         )
-        longest = longest_within(unfit.per_hour, amount) if unfit.per_hour > 0 else 0
-        shorter = (
-            f"lower max_runtime_seconds to at most {longest} (what the budget covers at these "
-            "prices)"
-            if longest > 0
-            else "ask for fewer GPUs"
-        )
-        suggestion = (
-            f"{shorter}, or ask a team admin or an operator to raise the budget to at least "
-            f"{unfit.need} {currency} (PUT /v1/budgets)"
-        )
-        return reason, blocking, suggestion, None
+        return reason, blocking, over_whole_remedy(over, currency), None
     if unfit.reserved:
         reserved = f"{unfit.reserved:.6f} {currency} is reserved by jobs before it"
         when = "one of them ends, the budget is raised or the month ends"
@@ -466,7 +397,7 @@ def reservation_note_parts(unfit: Unfit, now: datetime) -> tuple[str, str, str, 
         f"in {budget['month']} and {reserved}; it starts when {when} "
         f"({until:%Y-%m-%d} 00:00 UTC)"
     )
-    left = amount - _decimal(budget["spent"]) - unfit.reserved
+    left = amount - worst_case.decimal(budget["spent"]) - unfit.reserved
     longest = longest_within(unfit.per_hour, left) if unfit.per_hour > 0 else 0
     ways = [
         *(["wait for the team's running jobs to end"] if unfit.reserved else []),

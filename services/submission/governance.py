@@ -17,6 +17,15 @@ Contract:
   raises ``Conflict`` (409) naming the budget; ``deprioritize`` makes the job's priority
   class ``low`` (``DEPRIORITIZED_CLASS``), with a warning; ``warn`` admits it with a
   warning. The state is billing's as last said: a bill billing has not said yet is not in it.
+  Before those, whatever is spent and of any month: a budget that reserves each job's worst
+  case (``shared.worst_case.reserves``: policy ``refuse`` or ``on_exhausted`` ``stop``, with
+  billing's ``rates``; not deleted) refuses a job whose worst case alone is more than its
+  whole amount, which the scheduler would hold for ever (``RequestInvalid``, 422 naming
+  ``max_runtime_seconds``, or ``gpus`` when not a second of the job fits: the budget, the
+  worst case, the longest ``max_runtime_seconds`` the budget covers and the amount that
+  would cover it, ``shared.worst_case.over_whole``, as the scheduler's note says it). The
+  replica keeps ``on_exhausted`` and ``rates`` (``REPLICA_FIELDS``); a budget raised later
+  admits the same job when billing's state says it.
   Also returned: ``Lowered`` when ``deprioritize`` changed the class (the class asked for,
   and why), None otherwise (a job asked ``low`` for is not lowered), which is recorded with
   the job (its first history entry, ``lowered_reason``) and said in its ``job.submitted``.
@@ -39,7 +48,7 @@ import asyncpg
 
 from trainyard_platform.services.submission.errors import Conflict
 from trainyard_platform.services.submission.schemas import JobRequest
-from trainyard_platform.shared import budget_states
+from trainyard_platform.shared import budget_states, worst_case
 from trainyard_platform.shared.events import Envelope, Payload
 from trainyard_platform.shared.events.payloads import (
     BudgetThresholdCrossed,
@@ -47,6 +56,7 @@ from trainyard_platform.shared.events.payloads import (
     FlavorDeclared,
     FlavorRetired,
 )
+from trainyard_platform.shared.http_errors import FieldError, RequestInvalid
 from trainyard_platform.shared.inbox import TransactionalHandler
 
 CONSUMED: tuple[type[Payload], ...] = (
@@ -146,9 +156,9 @@ async def _apply_flavor(
     )
 
 
-REPLICA_FIELDS = tuple(f for f in budget_states.FIELDS if f != "on_exhausted")
-"""What ``budget_replica`` keeps of a budget state: admission has no use for what the
-scheduler does with running jobs (``on_exhausted``)."""
+REPLICA_FIELDS = (*budget_states.FIELDS, "rates")
+"""What ``budget_replica`` keeps of a budget state: all of it, ``on_exhausted`` and ``rates``
+too (whether the budget reserves each job's worst case, and at what prices)."""
 
 
 async def _apply_budget(conn: asyncpg.Connection, state: BudgetUpdated) -> None:
@@ -167,23 +177,19 @@ async def admit(
     pool: asyncpg.Pool, team: str, job: JobRequest, now: datetime | None = None
 ) -> tuple[JobRequest, list[str], Lowered | None]:
     """The job as its budgets admit it, and the warnings (module contract)."""
-    month = _month(now or datetime.now(UTC))
-    rows = await pool.fetch(
-        "SELECT project, month, amount, spent, currency, policy FROM budget_replica "
-        "WHERE team = $1 AND project = ANY($2::text[]) AND month = $3 AND exhausted "
-        "AND NOT deleted ORDER BY project",
-        team,
-        ["", job.project],
-        month,
+    found = await pool.fetchval(
+        f"SELECT {_screened_budgets('$1', '$2')}", team, _month(now or datetime.now(UTC))
     )
-    return _by_budgets(team, job, [dict(r) for r in rows])
+    rows = [b for b in json.loads(found) if b["project"] in ("", job.project)]
+    return _by_budgets(team, job, rows)
 
 
 @dataclass(frozen=True)
 class Screening:
     """What a submission is checked against, read in one query (``screening``): the flavors
-    a job may ask for (as ``known_flavors``) and the team's exhausted budgets of this month,
-    of the team and of every project (``admit`` picks the job's)."""
+    a job may ask for (as ``known_flavors``) and the team's budgets that admission acts on
+    (exhausted this month, ``spent_now``, or reserving each job's worst case), of the team
+    and of every project (``admit`` picks the job's)."""
 
     team: str
     flavors: list[str]
@@ -201,7 +207,7 @@ def screening_columns(team: str, month: str) -> str:
     trip."""
     return f"""{_flavors(retired=False)} AS screen_declared,
                {_flavors(retired=True)} AS screen_retired,
-               {_exhausted_budgets(team, month)} AS screen_budgets"""
+               {_screened_budgets(team, month)} AS screen_budgets"""
 
 
 def screening_unchanged(team: str, month: str, declared: str, retired: str, budgets: str) -> str:
@@ -211,7 +217,7 @@ def screening_unchanged(team: str, month: str, declared: str, retired: str, budg
     the same rows mean the same ``Screening``; any change makes it false."""
     return f"""{_flavors(retired=False)} = {declared}::text[]
                AND {_flavors(retired=True)} = {retired}::text[]
-               AND {_exhausted_budgets(team, month)} = {budgets}"""
+               AND {_screened_budgets(team, month)} = {budgets}"""
 
 
 def _flavors(retired: bool) -> str:
@@ -220,13 +226,19 @@ def _flavors(retired: bool) -> str:
     return f'ARRAY(SELECT name FROM flavor_replica WHERE {where} ORDER BY name COLLATE "C")'
 
 
-def _exhausted_budgets(team: str, month: str) -> str:
+def _screened_budgets(team: str, month: str) -> str:
+    # Spent in ``month`` (the spent policies act), or reserving (whatever is spent, of any
+    # month: the whole amount is what a job's worst case must fit in).
+    spent_now = f"(month = {month} AND exhausted)"
     return f"""(SELECT coalesce(json_agg(json_build_object(
                            'project', project, 'month', month, 'amount', amount,
-                           'spent', spent, 'currency', currency, 'policy', policy)
+                           'spent', spent, 'currency', currency, 'policy', policy,
+                           'on_exhausted', on_exhausted, 'rates', rates,
+                           'spent_now', {spent_now})
                        ORDER BY project), '[]')::text
                 FROM budget_replica
-                WHERE team = {team} AND month = {month} AND exhausted AND NOT deleted)"""
+                WHERE team = {team} AND NOT deleted AND ({spent_now}
+                      OR (rates IS NOT NULL AND (policy = 'refuse' OR on_exhausted = 'stop'))))"""
 
 
 def screening_of(row: Mapping[str, Any], bootstrap: Sequence[str], team: str) -> Screening:
@@ -256,10 +268,13 @@ def _month(now: datetime) -> str:
 def _by_budgets(
     team: str, job: JobRequest, rows: Sequence[Mapping[str, Any]]
 ) -> tuple[JobRequest, list[str], Lowered | None]:
+    _refuse_over_whole(team, job, rows)
     warnings: list[str] = []
     lowered: Lowered | None = None
     for row in rows:
-        scope = f"team {team}" if not row["project"] else f"project {row['project']} of {team}"
+        if not row.get("spent_now", True):
+            continue  # read for its reservations only (``_refuse_over_whole``)
+        scope = _scope(team, row)
         spent = f"{row['spent']} of {row['amount']} {row['currency']} spent in {row['month']}"
         if row["policy"] == "refuse":
             raise Conflict(
@@ -278,3 +293,33 @@ def _by_budgets(
         else:
             warnings.append(f"the budget of {scope} is spent ({spent})")
     return job, warnings, lowered
+
+
+def _scope(team: str, row: Mapping[str, Any]) -> str:
+    return f"team {team}" if not row["project"] else f"project {row['project']} of {team}"
+
+
+def _refuse_over_whole(team: str, job: JobRequest, rows: Sequence[Mapping[str, Any]]) -> None:
+    """Raise ``RequestInvalid`` when a budget of ``rows`` that reserves could never take
+    ``job``'s worst case (module contract); the team's budget is named before a project's."""
+    fields = ("gpus", "gpu_flavor", "cpus_per_gpu", "memory_gib_per_gpu", "max_runtime_seconds")
+    shape = {f: getattr(job, f) for f in fields}
+    for row in rows:
+        if not worst_case.reserves(
+            row["policy"], row.get("on_exhausted", "finish"), row.get("rates")
+        ):
+            continue
+        per_hour = worst_case.hourly(shape, row["rates"])
+        need = worst_case.worst(per_hour, job.max_runtime_seconds)
+        over = worst_case.over_whole(need, per_hour, worst_case.decimal(row["amount"]))
+        if over is None:
+            continue
+        currency = row["currency"]
+        reason = worst_case.over_whole_reason(over, _scope(team, row), row["amount"], currency)
+        message = (
+            f"{reason}: the scheduler could never start it; "
+            f"{worst_case.over_whole_remedy(over, currency)}"
+        )
+        field = "max_runtime_seconds" if over.longest > 0 else "gpus"
+        detail = f"this job's worst case is more than the whole budget of {_scope(team, row)}"
+        raise RequestInvalid([FieldError(field=field, message=message)], detail=detail)

@@ -34,7 +34,8 @@ from trainyard_platform.services.submission.identity import Caller, caller_of
 class KnownCaller:
     """A token's caller and screening as one query read them, with what the submission's
     statement compares: the catalogue's declared and retired flavors (sorted) and the
-    team's exhausted budgets of ``month`` as the query rendered them."""
+    team's budgets admission acts on in ``month`` (``governance.Screening``) as the query
+    rendered them."""
 
     token_hash: str
     caller: Caller

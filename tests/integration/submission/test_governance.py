@@ -148,3 +148,66 @@ async def test_the_one_query_screening_reads_what_known_flavors_and_admit_read(
         "the budget of project nlp of ml is spent (12 of 10 USD spent in 2026-12); the job "
         "runs at priority low",
     ]
+
+
+async def test_a_job_over_the_whole_of_a_reserving_budget_is_refused_until_it_is_raised(
+    pool: asyncpg.Pool,
+) -> None:
+    """The replica keeps ``on_exhausted`` and ``rates``: a budget that reserves refuses (422
+    naming ``max_runtime_seconds``) a job it could never start, in every admission path; the
+    state billing says after a raise admits the same job."""
+    async with pool.acquire() as conn:
+        token, _ = await identity.add_user(conn, "ml", "ada", Role.MEMBER, None)
+    long_job = job(flavor="a100").model_copy(update={"max_runtime_seconds": 36000})
+    rates = {"a100": {"gpu_hour": "2.5"}}
+    # Under warn with on_exhausted stop it holds queued jobs once spent, so it reserves; of
+    # last month, it still does (the scheduler reserves from the whole amount).
+    await feed(
+        pool,
+        state(
+            1,
+            month="2026-11",
+            amount="3",
+            spent="0",
+            exhausted=False,
+            policy="warn",
+            on_exhausted="stop",
+            rates=rates,
+        ),
+    )
+    found = await identity.authenticate_screened(pool, token, BOOTSTRAP, NOW)
+    assert found is not None
+    screenings = [await governance.screening(pool, BOOTSTRAP, "ml", NOW), found[1]]
+    for refuse in (
+        lambda: admit(pool, "ml", long_job, NOW),
+        *(lambda s=s: _async(s.admit, long_job) for s in screenings),
+    ):
+        with pytest.raises(RequestInvalid) as refused:
+            await refuse()
+        (error,) = refused.value.errors
+        assert error.field == "max_runtime_seconds"
+        assert "worst case (25.000000 USD" in error.message
+        assert "whole budget of team ml (3 USD a month)" in error.message
+        assert "lower max_runtime_seconds to at most 4320" in error.message
+    # Within it: admitted, with no warning (nothing is spent).
+    assert (await admit(pool, "ml", job(flavor="a100"), NOW))[1] == []
+
+    await feed(
+        pool,
+        state(
+            2,
+            amount="30",
+            spent="0",
+            exhausted=False,
+            policy="warn",
+            on_exhausted="stop",
+            rates=rates,
+        ),
+    )
+    assert await admit(pool, "ml", long_job, NOW) == (long_job, [], None)
+    assert (await governance.screening(pool, BOOTSTRAP, "ml", NOW)).admit(long_job)[1] == []
+
+
+async def _async(call: object, *args: object) -> object:
+    assert callable(call)
+    return call(*args)

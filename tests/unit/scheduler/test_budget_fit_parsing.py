@@ -12,6 +12,7 @@ import pytest
 
 from trainyard_platform.services.scheduler import budget_holds
 from trainyard_platform.services.scheduler.budget_holds import Unfit, fit, reservation
+from trainyard_platform.shared import worst_case
 
 FLAVORS = ("a100", "h100", "l4")
 
@@ -22,7 +23,7 @@ def _reference_fit(
     reserves: Mapping[tuple[str, str], Mapping[str, Any]],
 ) -> dict[str, Unfit]:
     """``fit`` as it was before it parsed each budget once: every Decimal read per job."""
-    d = budget_holds._decimal
+    d = worst_case.decimal
     reserved = {key: Decimal(0) for key in reserves}
     for members in running.values():
         first = members[0]
@@ -106,14 +107,14 @@ def test_fit_answers_what_the_per_job_reading_answered(seed: int) -> None:
 def test_fit_parses_each_budget_once_a_pass(monkeypatch: pytest.MonkeyPatch) -> None:
     queued, running, reserves = _seeded(4)
     calls = 0
-    real = budget_holds._decimal
+    real = worst_case.decimal
 
     def counting(value: object) -> Decimal:
         nonlocal calls
         calls += 1
         return real(value)
 
-    monkeypatch.setattr(budget_holds, "_decimal", counting)
+    monkeypatch.setattr(worst_case, "decimal", counting)
     fit(queued, running, reserves)
     # amount, spent and three prices of each flavor, once per budget: not per job.
     assert calls <= len(reserves) * (2 + 3 * len(FLAVORS))

@@ -1,0 +1,166 @@
+"""A job's worst case against a budget that reserves it: what the scheduler reserves a job
+at (``budget_holds``) and what submission refuses at admission when it is more than the
+whole budget (``governance``), one computation for both.
+
+Contract:
+- ``holds_queued(policy, on_exhausted)``: a spent budget holds its queued jobs when its
+  policy is ``refuse`` or its ``on_exhausted`` is ``stop``; such a budget whose state
+  carries billing's ``rates`` reserves each job's worst case (``reserves``).
+- ``decimal(value)``: a decimal string (amount, spent, a price) as a ``Decimal``; 0 for
+  anything that is no positive finite number (a state's values are billing's, never
+  trusted to parse).
+- ``hourly(job, rates)``: what an hour of ``job`` (a mapping with ``gpus``, ``gpu_flavor``,
+  ``cpus_per_gpu``, ``memory_gib_per_gpu``) costs at most at ``rates`` (a budget state's,
+  per flavor ``gpu_hour``, ``cpu_hour``, ``memory_gib_hour``); 0 for a flavor without a
+  rate. ``prices(rate)``/``hourly_at(job, prices)`` do the same from one flavor's rate
+  parsed once.
+- ``worst(per_hour, seconds)``: ``seconds`` at ``per_hour``, rounded up to a micro-unit;
+  ``reservation(job, rates)`` is ``worst(hourly(job, rates), max_runtime_seconds)``.
+- ``longest_within(per_hour, amount)``: the most whole seconds whose ``worst`` is within
+  ``amount``.
+- ``over_whole(need, per_hour, amount)``: ``OverWhole`` when a worst case ``need`` (at
+  ``per_hour``) is more than the whole ``amount``, with the longest ``max_runtime_seconds``
+  the amount covers; else None. ``over_whole_reason`` and ``over_whole_remedy`` say it in
+  words, as the scheduler's note and submission's refusal both say it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from decimal import ROUND_CEILING, Decimal, InvalidOperation
+from typing import Any
+
+Job = Mapping[str, Any]
+Prices = tuple[Decimal, Decimal, Decimal]
+"""One flavor's rates parsed: GPU-hour, CPU-hour and memory GiB-hour prices."""
+_MICRO = Decimal("0.000001")
+
+
+def holds_queued(policy: str, on_exhausted: str) -> bool:
+    """Whether a spent budget with this policy holds its queued jobs (module contract)."""
+    return policy == "refuse" or on_exhausted == "stop"
+
+
+def reserves(policy: str, on_exhausted: str, rates: object) -> bool:
+    """Whether a budget state reserves each job's worst case (module contract)."""
+    return rates is not None and holds_queued(policy, on_exhausted)
+
+
+def decimal(value: object) -> Decimal:
+    """``value`` as a positive finite ``Decimal``, else 0 (module contract)."""
+    try:
+        found = Decimal(str(value))
+    except InvalidOperation:
+        return Decimal(0)
+    return found if found.is_finite() and found > 0 else Decimal(0)
+
+
+def prices(rate: Mapping[str, Any]) -> Prices:
+    """One flavor's rate parsed (``hourly_at``)."""
+    return (
+        decimal(rate.get("gpu_hour")),
+        decimal(rate.get("cpu_hour")),
+        decimal(rate.get("memory_gib_hour")),
+    )
+
+
+def hourly_at(job: Job, parsed: Prices) -> Decimal:
+    """What an hour of ``job`` costs at most at its flavor's parsed ``prices``."""
+    gpu, cpu, memory = parsed
+    return Decimal(job["gpus"]) * (
+        gpu
+        + Decimal(job.get("cpus_per_gpu") or 0) * cpu
+        + Decimal(job.get("memory_gib_per_gpu") or 0) * memory
+    )
+
+
+def hourly(job: Job, rates: Mapping[str, Any]) -> Decimal:
+    """What an hour of ``job`` costs at most at ``rates``; 0 for a flavor without a rate."""
+    rate = rates.get(job["gpu_flavor"])
+    if not rate:
+        return Decimal(0)
+    return hourly_at(job, prices(rate))
+
+
+def worst(per_hour: Decimal, seconds: int) -> Decimal:
+    """``seconds`` at ``per_hour``, rounded up to a micro-unit."""
+    cost = per_hour * Decimal(seconds) / Decimal(3600)
+    return cost.quantize(_MICRO, rounding=ROUND_CEILING)
+
+
+def reservation(job: Job, rates: Mapping[str, Any]) -> Decimal:
+    """The worst case of one attempt of ``job`` at ``rates`` (module contract)."""
+    return worst(hourly(job, rates), job["max_runtime_seconds"])
+
+
+def longest_within(per_hour: Decimal, amount: Decimal) -> int:
+    """The most whole seconds whose worst case at ``per_hour`` (rounded up as
+    ``reservation`` rounds it) is within ``amount``."""
+    if per_hour <= 0:
+        raise ValueError("per_hour: must be > 0")
+    seconds = int(max(amount, Decimal(0)) * 3600 / per_hour)
+    while seconds > 0 and worst(per_hour, seconds) > amount:
+        seconds -= 1
+    return seconds
+
+
+@dataclass(frozen=True)
+class OverWhole:
+    """A worst case more than a budget's whole amount."""
+
+    need: Decimal
+    """The job's worst case."""
+    longest: int
+    """The longest ``max_runtime_seconds`` the amount covers at the job's hourly price (0:
+    not a second: the job must ask for less than that)."""
+
+
+def over_whole(need: Decimal, per_hour: Decimal, amount: Decimal) -> OverWhole | None:
+    """``OverWhole`` when ``need`` is more than ``amount``, else None (module contract)."""
+    if need <= amount:
+        return None
+    return OverWhole(need, longest_within(per_hour, amount) if per_hour > 0 else 0)
+
+
+def over_whole_reason(over: OverWhole, scope: str, amount: str, currency: str) -> str:
+    """What is wrong, in words: the worst case, and the whole budget of ``scope`` (its
+    ``amount`` as billing said it)."""
+    return (
+        f"this job's worst case ({over.need} {currency}: its GPUs, CPUs and memory for its "
+        f"max_runtime_seconds at the highest prices) is more than the whole budget of {scope} "
+        f"({amount} {currency} a month)"
+    )
+
+
+def over_whole_remedy(over: OverWhole, currency: str) -> str:
+    """What would let the job start: the longest ``max_runtime_seconds`` the budget covers
+    (or fewer GPUs when not a second is covered), or a budget of at least the worst case."""
+    shorter = (
+        f"lower max_runtime_seconds to at most {over.longest} (what the budget covers at these "
+        "prices)"
+        if over.longest > 0
+        else "ask for fewer GPUs"
+    )
+    return (
+        f"{shorter}, or ask a team admin or an operator to raise the budget to at least "
+        f"{over.need} {currency} (PUT /v1/budgets)"
+    )
+
+
+__all__ = [
+    "OverWhole",
+    "Prices",
+    "decimal",
+    "holds_queued",
+    "hourly",
+    "hourly_at",
+    "longest_within",
+    "over_whole",
+    "over_whole_reason",
+    "over_whole_remedy",
+    "prices",
+    "reservation",
+    "reserves",
+    "worst",
+]
