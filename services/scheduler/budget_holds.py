@@ -48,7 +48,10 @@ Contract:
   is left of every budget that reserves for it: the amount, less what billing last said is
   spent, less the reservations of its running jobs (counted whole: what they accrued is
   counted twice until they end, so the budget errs on the side of waiting), less those of
-  the queued jobs before it (by ``order``) that fit. A job whose reservation does not fit
+  the queued jobs before it (by ``order``) that fit, and less what is kept for those before
+  it that do not fit but have waited ``ageing_s`` since submission (with ``now``: each keeps
+  its room from the jobs after it while what is spent leaves room for it, so none is starved
+  by smaller later jobs). A job whose reservation does not fit
   waits (``reservation_note_parts`` says why) until one ends, the budget is raised, or the
   month ends; one whose reservation is more than the whole amount is told it cannot start
   until the budget is raised or its ``max_runtime_seconds`` lowered (and how far). A flavor without a rate (billing has no price for it) is reserved 0, as it
@@ -64,7 +67,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -286,13 +289,18 @@ def reserves_for(team: str, project: str | None, reserves: Reserves) -> list[Row
 class Unfit:
     """Why a queued job waits for its budget: ``budget`` cannot take its reservation
     (``need``) beside what is spent and reserved (``reserved``: by running jobs and the
-    queued jobs before it that fit). ``per_hour``: what an hour of the job costs at most at
-    the budget's rates (``hourly``)."""
+    queued jobs before it that fit, and the jobs kept for). ``per_hour``: what an hour of
+    the job costs at most at the budget's rates (``hourly``). ``kept``: the part of
+    ``reserved`` kept for ``kept_for`` jobs queued before it that waited ``ageing_s`` and do
+    not fit either (``fit``: they start first)."""
 
     budget: Row
     need: Decimal
     reserved: Decimal
     per_hour: Decimal = Decimal(0)
+    kept: Decimal = Decimal(0)
+    kept_for: int = 0
+    ageing_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -323,14 +331,28 @@ def fit(
     queued: Iterable[Row],
     running: Mapping[str, Sequence[Row]],
     reserves: Reserves,
+    now: datetime | None = None,
+    ageing_s: float | None = None,
 ) -> dict[str, Unfit]:
     """The queued jobs (in the order given: the order they would start in) that must wait
     because a budget cannot take their reservation, by job id (module contract). Each
-    budget's amount, spent and rates are parsed once a pass, not once per job."""
+    budget's amount, spent and rates are parsed once a pass, not once per job.
+
+    With ``now`` and ``ageing_s``: a job that does not fit and was submitted ``ageing_s``
+    or more before ``now`` keeps its room, so the jobs after it in the order cannot take
+    what it needs: its reservation counts against each of its budgets as if it had started,
+    as long as what is spent and what the aged jobs before it keep leave room for it in each
+    (one that could start only after a raise or in the next month keeps nothing, and no
+    job whose worst case is more than the whole amount ever does). So a large job waits at
+    most its ageing and the end of the jobs running then, not for ever behind a stream of
+    smaller ones."""
     if not reserves:
         return {}
     parsed = {key: _Parsed.of(budget) for key, budget in reserves.items()}
     reserved = {key: Decimal(0) for key in reserves}
+    kept = {key: Decimal(0) for key in reserves}
+    kept_for = dict.fromkeys(reserves, 0)
+    aged_before = None if now is None or ageing_s is None else now - timedelta(seconds=ageing_s)
 
     def keys_of(job: Row) -> list[tuple[str, str]]:
         team, project = job.get("team", ""), job.get("project")
@@ -357,7 +379,21 @@ def fit(
         )
         if short is not None:
             key, per_hour, need = short
-            unfit[job["job_id"]] = Unfit(reserves[key], need, reserved[key], per_hour)
+            unfit[job["job_id"]] = Unfit(
+                reserves[key],
+                need,
+                reserved[key],
+                per_hour,
+                kept[key],
+                kept_for[key],
+                ageing_s or 0.0,
+            )
+            aged = aged_before is not None and job["submitted_at"] <= aged_before
+            if aged and all(parsed[k].spent + kept[k] + n <= parsed[k].amount for k, _, n in needs):
+                for k, _, n in needs:
+                    reserved[k] += n
+                    kept[k] += n
+                    kept_for[k] += 1
             continue
         for key, _, need in needs:
             reserved[key] += need
@@ -384,7 +420,22 @@ def reservation_note_parts(unfit: Unfit, now: datetime) -> tuple[str, str, str, 
             "cannot start while the budget is this size"
         )
         return reason, blocking, over_whole_remedy(over, currency), None
-    if unfit.reserved:
+    if unfit.kept:
+        # Jobs before it that waited their ageing keep their room: it waits for them to
+        # start (and for room beside them), not only for running jobs to end.
+        jobs = "1 job" if unfit.kept_for == 1 else f"{unfit.kept_for} jobs"
+        has = "has" if unfit.kept_for == 1 else "have"
+        starts = "starts" if unfit.kept_for == 1 else "start"
+        reserved = (
+            f"{unfit.reserved:.6f} {currency} is reserved by jobs before it, "
+            f"{unfit.kept:.6f} {currency} of it kept for {jobs} queued before it that {has} "
+            f"waited over {_span(unfit.ageing_s)} and {starts} first"
+        )
+        when = (
+            "the jobs before it have started and left room, one of them ends, the budget is "
+            "raised or the month ends"
+        )
+    elif unfit.reserved:
         reserved = f"{unfit.reserved:.6f} {currency} is reserved by jobs before it"
         when = "one of them ends, the budget is raised or the month ends"
     else:  # no job ending frees room: only a raise or the month's end
@@ -400,7 +451,13 @@ def reservation_note_parts(unfit: Unfit, now: datetime) -> tuple[str, str, str, 
     left = amount - worst_case.decimal(budget["spent"]) - unfit.reserved
     longest = longest_within(unfit.per_hour, left) if unfit.per_hour > 0 else 0
     ways = [
-        *(["wait for the team's running jobs to end"] if unfit.reserved else []),
+        *(
+            ["wait for the jobs before it"]
+            if unfit.kept
+            else ["wait for the team's running jobs to end"]
+            if unfit.reserved
+            else []
+        ),
         *(
             [f"lower max_runtime_seconds to at most {longest} (what is left of the budget covers)"]
             if longest > 0
@@ -410,3 +467,13 @@ def reservation_note_parts(unfit: Unfit, now: datetime) -> tuple[str, str, str, 
     ]
     suggestion = ", or ".join([", ".join(ways[:-1]), ways[-1]]) if len(ways) > 1 else ways[0]
     return reason, blocking, suggestion, until
+
+
+def _span(seconds: float) -> str:
+    """A whole number of hours, minutes or seconds, as an operator set ``ageing_seconds``."""
+    whole = round(seconds)
+    if whole and whole % 3600 == 0:
+        return f"{whole // 3600} h"
+    if whole and whole % 60 == 0:
+        return f"{whole // 60} min"
+    return f"{seconds:g} s"

@@ -1,7 +1,7 @@
 """Converters between the scheduler's rows and the policy's types (pure: no I/O).
 
 Contract:
-- ``build_snapshot(rows, now, half_life_s)`` turns what the repository loaded into the
+- ``build_snapshot(rows, now, half_life_s, ageing_s)`` turns what the repository loaded into the
   policy's ``Snapshot`` (times as epoch seconds). Rules the service adds around the policy:
   an *implicit* queue (``default:<team>``, made for a team no operator gave a queue) gets no
   cohort and a nominal quota of twice the ready GPUs of every flavor -- more than it can
@@ -14,7 +14,9 @@ Contract:
   that holds queued jobs; ``budget_note`` says which budget, and until when), or cannot take
   its worst case beside what is spent and reserved (``budget_holds.fit``, in the order the
   jobs would start: class, then arrival; the note says what it needs; a job no ready node
-  can hold, its flavor's ready uncordoned GPUs fewer than it asks, reserves nothing); a
+  can hold, its flavor's ready uncordoned GPUs fewer than it asks, reserves nothing; one
+  that does not fit and was submitted ``ageing_s`` or more ago keeps its room from the jobs
+  after it, whose notes say so); a
   waiting job that submission lowered to the class a spent budget under ``deprioritize`` gives its team's
   (or project's) new jobs is told so first (``lowered_note``; ``budget_holds.lowering``); a
   job being cancelled, or under a preemption notice, is *leaving* (never chosen as a victim
@@ -54,6 +56,7 @@ from trainyard_platform.services.scheduler.policy.model import (
     Explanation,
     Node,
     PendingJob,
+    PolicyConfig,
     PriorityClass,
     Queue,
     RunningJob,
@@ -65,6 +68,9 @@ Row = Mapping[str, Any]
 
 IMPLICIT_PREFIX = "default:"
 """Name prefix of the queue made for a team on its first submission."""
+DEFAULT_AGEING_S = PolicyConfig().ageing_s
+"""The policy's default ``ageing_s``: how long a job that does not fit its budget waits
+before the jobs after it reserve behind it (``budget_holds.fit``)."""
 _DURATION = re.compile(r"~\d+(?:\.\d+)? (?:s|min|h|d)\b")
 _LATEST = datetime.max.replace(tzinfo=UTC).timestamp()
 
@@ -144,7 +150,9 @@ class Built:
     class_names: tuple[str, ...] = ()
 
 
-def build_snapshot(rows: SnapshotRows, now: datetime, half_life_s: float) -> Built:
+def build_snapshot(
+    rows: SnapshotRows, now: datetime, half_life_s: float, ageing_s: float = DEFAULT_AGEING_S
+) -> Built:
     """The policy's view of the cluster at ``now`` (see the module docstring)."""
     nodes, totals = _nodes(rows.nodes, rows.leases)
     classes = tuple(
@@ -178,7 +186,9 @@ def build_snapshot(rows: SnapshotRows, now: datetime, half_life_s: float) -> Bui
     # start (class, then arrival); one that does not fit waits for it (``budget_holds.fit``).
     # A job no ready node can hold (its flavor's ready, uncordoned GPUs fewer than it asks)
     # cannot start in this pass: it reserves nothing, so it keeps no later job of its budget
-    # waiting for as long as those nodes are away.
+    # waiting for as long as those nodes are away. A job that does not fit and has waited
+    # the policy's ageing keeps its room from the jobs after it, so it is not starved by a
+    # stream of smaller ones (``fit``).
     reserves = reserving(rows.budgets, now)
     value = {c.name: c.value for c in classes}
     ready_gpus: dict[str, int] = {}
@@ -194,6 +204,8 @@ def build_snapshot(rows: SnapshotRows, now: datetime, half_life_s: float) -> Bui
         ),
         by_job,
         reserves,
+        now,
+        ageing_s,
     )
     for j in candidates:
         if j["job_id"] in unfit:

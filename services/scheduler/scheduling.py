@@ -219,7 +219,9 @@ async def run_pass(
     """One scheduling pass inside the caller's transaction (see the module docstring)."""
     tuning = tuning or Tuning()
     await repo.lock_scheduler(conn)
-    built = build_snapshot(await repo.load_snapshot_rows(conn), now, tuning.half_life_s)
+    built = build_snapshot(
+        await repo.load_snapshot_rows(conn), now, tuning.half_life_s, tuning.policy.ageing_s
+    )
     state = PolicyState(built.snapshot, tuning.policy)
     decisions = state.run()  # = schedule(built.snapshot, tuning.policy)
     await _grant(conn, built, decisions.placements, now)
