@@ -305,11 +305,12 @@ def _refuse_over_whole(team: str, job: JobRequest, rows: Sequence[Mapping[str, A
     fields = ("gpus", "gpu_flavor", "cpus_per_gpu", "memory_gib_per_gpu", "max_runtime_seconds")
     shape = {f: getattr(job, f) for f in fields}
     for row in rows:
-        if not worst_case.reserves(
-            row["policy"], row.get("on_exhausted", "finish"), row.get("rates")
-        ):
+        rates = row.get("rates")
+        if not isinstance(rates, Mapping):  # none, or not billing's object: nothing reserved
             continue
-        per_hour = worst_case.hourly(shape, row["rates"])
+        if not worst_case.reserves(row["policy"], row.get("on_exhausted", "finish"), rates):
+            continue
+        per_hour = worst_case.hourly(shape, rates)
         need = worst_case.worst(per_hour, job.max_runtime_seconds)
         over = worst_case.over_whole(need, per_hour, worst_case.decimal(row["amount"]))
         if over is None:
