@@ -343,9 +343,9 @@ def fit(
     what it needs: its reservation counts against each of its budgets as if it had started,
     as long as what is spent and what the aged jobs before it keep leave room for it in each
     (one that could start only after a raise or in the next month keeps nothing, and no
-    job whose worst case is more than the whole amount ever does). So a large job waits at
-    most its ageing and the end of the jobs running then, not for ever behind a stream of
-    smaller ones."""
+    job whose worst case is more than the whole amount ever does). So once it has aged, the
+    room the running jobs free as they end is kept for it, not taken by smaller later jobs
+    of its budget (a job of a higher class still comes before it in ``order``)."""
     if not reserves:
         return {}
     parsed = {key: _Parsed.of(budget) for key, budget in reserves.items()}
