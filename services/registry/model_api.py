@@ -14,7 +14,8 @@ downloading versions, and aliases.
   tombstones and their lineage stay), their leftover objects freed after the commit, and
   the answer says how many tombstones it kept and what it freed. Conditional as the
   version's delete, on ``model_tag``: with ``If-Match: <it>`` only the model as it was read
-  (412 after a registration, a deletion of a version or an alias move since).
+  (412 after a registration, a deletion of a version, an alias move, or a grant or revoke
+  since: everything the deletion removes or changes).
 - ``POST /v1/models/{team}/{name}/versions`` (members): register a committed checkpoint;
   answers the version as ``GET`` does, with its ``cost``.
 - ``DELETE /v1/models/{team}/{name}/versions/{version}`` (members): 409 while an alias
@@ -33,7 +34,7 @@ downloading versions, and aliases.
 - ``GET .../aliases?limit&after`` (a page by name, ``next``), ``GET``, ``PUT`` and
   ``DELETE .../aliases/{alias}`` (writes: members), ``GET .../aliases/{alias}/moves``:
   aliases and their append-only history. ``GET`` of an alias answers its ``ETag``
-  (``alias_tag``: of the version it points at), and ``PUT`` and ``DELETE`` are
+  (``alias_tag``: of the model and the version it points at), and ``PUT`` and ``DELETE`` are
   conditional on it (``shared.http_app.Preconditions``, judged with the model's row
   locked): ``If-Match: <ETag>`` moves or deletes the alias only while it points where it
   was read (412 naming what changed when another member moved it since), ``If-None-Match:
@@ -202,23 +203,27 @@ async def free_after_commit(
     return freed
 
 
-def model_tag(model: ModelRow) -> str:
+def model_tag(model: ModelRow, grantees: Sequence[str]) -> str:
     """The ETag of a model: of its row (a model deleted and made again under its name is
-    another) and what it holds now (a registration, a deletion of a version and an alias
-    move each change it)."""
+    another) and of everything its deletion removes or changes: its versions (a
+    registration and a deletion of a version each change it), its aliases and the teams
+    it is granted to (``grantees``; a grant or a revoke changes it)."""
     return entity_tag(
         {
             "id": model.id,
             "latest_version": model.latest_version,
             "versions": model.versions,
             "aliases": model.aliases,
+            "grants": sorted(grantees),
         }
     )
 
 
-def alias_tag(version: int | None) -> str | None:
-    """The ETag of an alias pointing at ``version`` (None: there is no such alias)."""
-    return None if version is None else entity_tag({"version": version})
+def alias_tag(model_id: int, version: int | None) -> str | None:
+    """The ETag of an alias of model ``model_id`` pointing at ``version`` (None: there is no
+    such alias). Of the model's id too: the alias of the same name and version of a model
+    made again under a deleted one's name is another alias."""
+    return None if version is None else entity_tag({"model": model_id, "version": version})
 
 
 def model_routes(
@@ -325,7 +330,8 @@ def model_routes(
                 raise await no_model(conn, principal, team, name)
             granted_to = await model_grants.grants_of(conn, found.id)
         detail = ModelDetail(**_summary(found).model_dump(), grants=granted_to)
-        return tagged(shown(detail, team, grants.reader_of(principal)), model_tag(found))
+        tag = model_tag(found, granted_to)
+        return tagged(shown(detail, team, grants.reader_of(principal)), tag)
 
     @delete(
         "/v1/models/{team:str}/{name:str}",
@@ -345,7 +351,8 @@ def model_routes(
             current = await models_repo.model(conn, team, name)
             if model_id is None or current is None:
                 raise await no_model(conn, principal, team, name)
-            conditions.check(f"model {team}/{name}", model_tag(current))
+            granted_to = await model_grants.grants_of(conn, model_id)
+            conditions.check(f"model {team}/{name}", model_tag(current, granted_to))
             tombstones = await models.delete_model(
                 conn, model_id, team, name, principal.actor, clock()
             )
@@ -635,7 +642,7 @@ def model_routes(
             await readable(conn, principal, team, name)
             found = await models_repo.model(conn, team, name)
             version = found.aliases.get(alias) if found is not None else None
-            tag = alias_tag(version)
+            tag = alias_tag(found.id, version) if found is not None else None
             if version is None or tag is None:
                 raise await no_alias(conn, principal, team, name, alias)
         return tagged(AliasRead(team=team, model=name, alias=alias, version=version), tag)
@@ -670,7 +677,9 @@ def model_routes(
                 raise await no_model(conn, principal, team, name)
             current = await models_repo.model(conn, team, name)
             pointing = current.aliases.get(alias) if current is not None else None
-            conditions.check(f"alias {alias!r} of model {team}/{name}", alias_tag(pointing))
+            conditions.check(
+                f"alias {alias!r} of model {team}/{name}", alias_tag(model_id, pointing)
+            )
             target = await repo.model_version(conn, team, name, body.version)
             if target is None:
                 raise await not_found.version(
@@ -690,7 +699,7 @@ def model_routes(
         change = AliasChange(
             team=team, model=name, alias=alias, version=body.version, previous=previous
         )
-        return tagged(change, alias_tag(body.version) or "")
+        return tagged(change, alias_tag(model_id, body.version) or "")
 
     @delete(
         "/v1/models/{team:str}/{name:str}/aliases/{alias:str}",
@@ -718,7 +727,9 @@ def model_routes(
             pointing = current.aliases.get(alias) if current is not None else None
             if pointing is None:
                 raise await no_alias(conn, principal, team, name, alias)
-            conditions.check(f"alias {alias!r} of model {team}/{name}", alias_tag(pointing))
+            conditions.check(
+                f"alias {alias!r} of model {team}/{name}", alias_tag(model_id, pointing)
+            )
             previous = await models_repo.remove_alias(
                 conn, model_id, alias, principal.actor, clock()
             )

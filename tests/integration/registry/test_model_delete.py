@@ -215,3 +215,64 @@ async def test_a_deletion_whose_objects_cannot_be_freed_now_still_answers_that_i
         assert deleted.status_code == 200, deleted.text
         assert (deleted.json()["tombstones"], deleted.json()["objects"]) == (1, 0)
         assert (await client.get(f"/v1/models/vision/{name}")).status_code == 404
+
+
+async def test_a_model_s_etag_covers_its_grants(pool: asyncpg.Pool, store: ObjectStore) -> None:
+    """A model's deletion removes its grants: a conditional delete (``If-Match``) whose ETag
+    was read before another admin granted the model, or revoked a grant, is refused (412),
+    nothing changed. Before, the ETag ignored grants and the delete removed the new grant."""
+    name = f"granted-{uuid.uuid4().hex[:6]}"
+    job = await job_with_checkpoints(pool, store, [1])
+    async with app_as(pool, store, VISION_ADMIN) as client:
+        assert (await register(client, "vision", name, job)).status_code == 201
+        assert (await client.delete(f"/v1/models/vision/{name}/versions/1")).status_code == 200
+        before_grant = (await client.get(f"/v1/models/vision/{name}")).headers["ETag"]
+        assert (await client.put(f"/v1/models/vision/{name}/grants/ml")).is_success
+        granted = (await client.get(f"/v1/models/vision/{name}")).headers["ETag"]
+        assert (await client.put(f"/v1/models/vision/{name}/grants/audio")).is_success
+        for stale in (before_grant, granted):
+            refused = await client.delete(f"/v1/models/vision/{name}", headers={"If-Match": stale})
+            assert refused.status_code == 412, refused.text
+        model = (await client.get(f"/v1/models/vision/{name}")).json()
+        assert model["grants"] == ["audio", "ml"]  # nothing changed
+        assert (await client.delete(f"/v1/models/vision/{name}/grants/audio")).is_success
+        after_revoke = (await client.get(f"/v1/models/vision/{name}")).headers["ETag"]
+        assert after_revoke == granted  # the same model, with the same grant, as then
+        gone = await client.delete(f"/v1/models/vision/{name}", headers={"If-Match": granted})
+        assert gone.status_code == 200, gone.text
+
+
+async def test_an_alias_s_etag_is_not_that_of_a_model_made_again_under_its_name(
+    pool: asyncpg.Pool, store: ObjectStore
+) -> None:
+    """An alias's ETag names the model it is of: read from a model since deleted, it does
+    not match the alias of the same name and version of the model made again under its
+    name (412, nothing changed). Before, the ETag was of the version number only, so a
+    stale ``If-Match`` moved or deleted the new model's alias."""
+    name = f"again-{uuid.uuid4().hex[:6]}"
+    job = await job_with_checkpoints(pool, store, [1, 2])
+    path = f"/v1/models/vision/{name}"
+    async with app_as(pool, store, VISION) as client:
+        assert (await register(client, "vision", name, job)).status_code == 201
+        assert (await client.put(f"{path}/aliases/prod", json={"version": 1})).is_success
+        old = (await client.get(f"{path}/aliases/prod")).headers["ETag"]
+        assert (await client.delete(f"{path}/aliases/prod")).is_success
+        assert (await client.delete(f"{path}/versions/1")).status_code == 200
+        assert (await client.delete(path)).status_code == 200
+        made = await register(client, "vision", name, job, checkpoint_uri=job.checkpoints[1].uri)
+        assert made.status_code == 201, made.text
+        assert (await client.put(f"{path}/aliases/prod", json={"version": 1})).is_success
+        new = (await client.get(f"{path}/aliases/prod")).headers["ETag"]
+        assert new != old
+        for write in (
+            client.put(f"{path}/aliases/prod", json={"version": 1}, headers={"If-Match": old}),
+            client.delete(f"{path}/aliases/prod", headers={"If-Match": old}),
+        ):
+            refused = await write
+            assert refused.status_code == 412, refused.text
+        assert (await client.get(f"{path}/aliases/prod")).headers["ETag"] == new
+        moved = await client.put(
+            f"{path}/aliases/prod", json={"version": 1}, headers={"If-Match": new}
+        )
+        assert moved.status_code == 200, moved.text
+        assert moved.headers["ETag"] == new
