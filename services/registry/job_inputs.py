@@ -14,7 +14,8 @@ Contract:
   its ``job.submitted``) is recorded as its tombstone, logged at WARNING. Deliveries need not
   come in order: a job that ended before any event naming its parent was handled (its end
   is kept in ``jobs_ended_unheard`` when none of its starts was handled, which records the
-  parent) has that parent recorded ended, keeping nothing. The
+  parent; ``retention`` deletes it after the event stream's horizon) has that parent
+  recorded ended, keeping nothing. The
   two take turns per job (a transaction-scoped advisory lock), so neither misses the other.
 - Only what the job's team may read is recorded: a dataset or a model neither its own nor
   granted to it (``dataset_repository.readable``, ``model_grants.readable``), or anything that does not exist is logged at WARNING and skipped

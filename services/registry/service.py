@@ -8,6 +8,7 @@ from trainyard_platform.services.registry.api import create_app
 from trainyard_platform.services.registry.collector import for_store as collector_for
 from trainyard_platform.services.registry.config import Settings
 from trainyard_platform.services.registry.handlers import RegistryHandlers
+from trainyard_platform.services.registry.retention import RegistryRetention
 from trainyard_platform.shared.access import guard_for
 from trainyard_platform.shared.bus import Bus
 from trainyard_platform.shared.db import migrate, ping
@@ -25,7 +26,6 @@ from trainyard_platform.shared.events.payloads import (
     JobSucceeded,
 )
 from trainyard_platform.shared.outbox import OutboxRelay
-from trainyard_platform.shared.retention import Retention
 from trainyard_platform.shared.runtime import ServiceRuntime, open_service_store, store_answers
 
 NAME = "registry"
@@ -58,7 +58,9 @@ async def serve(settings: Settings) -> int:
         rt.add_readiness_check("storage", lambda: store_answers(store))
         handlers = RegistryHandlers(store)
         rt.spawn(OutboxRelay(pool, bus).run(rt.stopping), "outbox-relay")
-        rt.spawn(Retention(pool, settings.nats.retention_hours).run(rt.stopping), "retention")
+        rt.spawn(
+            RegistryRetention(pool, settings.nats.retention_hours).run(rt.stopping), "retention"
+        )
         if settings.collector_interval_seconds > 0:
             collector = collector_for(pool, store, settings)
             rt.spawn(
