@@ -319,7 +319,8 @@ def _run_id(job_id: str) -> str:
 
 
 def _dataset_of(node: Node) -> dict[str, Any]:
-    """An OpenLineage dataset for a graph node (namespace and name identify it)."""
+    """An OpenLineage dataset for a graph node (namespace and name identify it): a version
+    of a deleted model is named ``TEAM/NAME#ID`` (its version id), as its node."""
     if node.kind == "checkpoint":
         return {"namespace": f"{NAMESPACE}.checkpoints", "name": node.detail["uri"], "facets": {}}
     kind = "datasets" if node.kind == "dataset_version" else "models"
@@ -328,9 +329,14 @@ def _dataset_of(node: Node) -> dict[str, Any]:
         "_schemaURL": "https://openlineage.io/spec/facets/1-0-1/DatasetVersionDatasetFacet.json",
         "datasetVersion": str(node.detail["version"]),
     }
+    name = f"{node.team}/{node.detail['name']}"
+    if node.kind == "model_version" and node.detail.get("model_deleted"):
+        # As its node id (``_model_id``): a model made again under the deleted one's name
+        # has versions of its own, another dataset. No name holds a ``#``.
+        name += node.id[node.id.rindex("#") :]
     return {
         "namespace": f"{NAMESPACE}.{kind}",
-        "name": f"{node.team}/{node.detail['name']}",
+        "name": name,
         "facets": {"version": version},
     }
 

@@ -138,3 +138,27 @@ def test_a_wide_graph_costs_work_in_proportion_to_its_edges() -> None:
     events = lineage.openlineage(graph)
     assert len(events) == n and all(len(e["inputs"]) == 1 for e in events)
     assert _Id.compared < 10 * n, _Id.compared
+
+
+def test_a_deleted_model_s_version_is_a_dataset_of_its_own_in_openlineage() -> None:
+    """A deleted model's name may be taken by a model made again, with a version 1 of its
+    own: in the lineage graph the two are different nodes (the deleted one's id ends in
+    ``#`` and its version id), and so they are different OpenLineage datasets. Before, both
+    were ``trainyard.models`` ``vision/cnn`` version 1: one dataset version for two."""
+    old_id = str(uuid.uuid4())
+    graph = _graph("job-1", "succeeded")
+    old = Node(
+        f"model_version:vision/cnn:1#{old_id}",
+        "model_version",
+        "vision",
+        {"name": "cnn", "version": 1, "deleted": True, "model_deleted": True},
+    )
+    graph.add(old)
+    ckpt = "checkpoint:s3://b/c.pt"
+    graph.link(ckpt, old.id, "registered_as")
+    (event,) = lineage.openlineage(graph)
+    models = [o for o in event["outputs"] if o["namespace"] == "trainyard.models"]
+    assert [(o["name"], o["facets"]["version"]["datasetVersion"]) for o in models] == [
+        ("vision/cnn", "1"),
+        (f"vision/cnn#{old_id}", "1"),
+    ]
