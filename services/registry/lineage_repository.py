@@ -98,9 +98,16 @@ async def parent_of_job(conn: asyncpg.Connection, job_id: str) -> str | None:
 
 
 async def children_of_version(conn: asyncpg.Connection, version_id: str) -> list[str]:
-    """The jobs that fine-tuned from model version ``version_id``."""
+    """The jobs that fine-tuned from model version ``version_id``: those the registry saw
+    start. A parent is recorded from the job's admission (``job_inputs``), when the registry
+    knows nothing else of the job (not even its team); a job still waiting, or cancelled
+    before it started, read and made nothing yet, and is no lineage node."""
     rows = await conn.fetch(
-        "SELECT job_id FROM job_parents WHERE parent_version_id = $1 ORDER BY recorded_at, job_id",
+        """SELECT p.job_id FROM job_parents p
+           WHERE p.parent_version_id = $1
+             AND (EXISTS (SELECT 1 FROM tracked_jobs t WHERE t.job_id = p.job_id)
+                  OR EXISTS (SELECT 1 FROM runs r WHERE r.job_id = p.job_id))
+           ORDER BY p.recorded_at, p.job_id""",
         uuid.UUID(version_id),
     )
     return [r["job_id"] for r in rows]

@@ -14,7 +14,8 @@ import pytest
 
 from tests.integration.registry.modelkit import ML, OPERATOR, VISION, app_as, apply
 from tests.integration.registry.test_datasets import add
-from tests.integration.registry.test_registry import ref, spec, started, succeeded
+from tests.integration.registry.test_registry import T0, ref, spec, started, succeeded
+from trainyard_platform.shared.events.payloads import JobCancelled, JobSubmitted
 from trainyard_platform.shared.storage import ObjectStore
 
 pytestmark = pytest.mark.integration
@@ -207,3 +208,44 @@ async def test_a_parent_version_is_kept_while_a_live_version_was_fine_tuned_from
         f"model_version:vision/{base}:1": True,
         f"model_version:vision/{tuned}:1": True,
     }
+
+
+async def test_a_job_the_registry_has_not_seen_start_is_not_a_lineage_node(
+    pool: asyncpg.Pool, store: ObjectStore
+) -> None:
+    """The registry records a job's parent from its ``job.submitted`` (so the parent is kept
+    while it waits), before it knows anything else of the job. Lineage shows a job once the
+    registry saw it start: before, a job admitted and still waiting, or cancelled before it
+    started, was a child node with no team and no name, hidden from its own team as
+    another's, and an OpenLineage event with no ``eventTime`` and namespace ``trainyard.``
+    (the RunEvent schema requires a date-time)."""
+    tag = uuid.uuid4().hex[:6]
+    raw, base = f"raw-{tag}", f"base-{tag}"
+    async with app_as(pool, store, VISION) as vision:
+        assert (await add(vision, "vision", raw)).status_code == 201
+    base_job = await run_job(pool, store, base, datasets=[f"vision/{raw}:1"])
+    tuned = spec(f"tuned-{tag}").model_copy(update={"parent_model": f"vision/{base}:1"})
+    waiting, cancelled = str(uuid.uuid4()), str(uuid.uuid4())
+    for job in (waiting, cancelled):
+        await apply(pool, store, job, JobSubmitted(job_id=job, spec=tuned, submitted_at=T0))
+    await apply(pool, store, cancelled, JobCancelled(job_id=cancelled, reason="by alice"))
+
+    path = f"/v1/lineage/datasets/vision/{raw}/versions/1/downstream"
+    for caller in (VISION, OPERATOR):
+        async with app_as(pool, store, caller) as client:
+            down = await get(client, path)
+            events = (await get(client, f"{path}?format=openlineage"))["events"]
+        jobs = [n for n in down["nodes"] if n["kind"] == "job"]
+        assert [n["job_id"] for n in jobs] == [base_job], caller
+        assert down["hidden"] == 0
+        assert [e["run"]["runId"] for e in events] == [base_job]
+        assert all(e["eventTime"] and e["job"]["namespace"] == "trainyard.vision" for e in events)
+
+    # Once it starts, it is its team's child of the version, as ever.
+    allocation = f"a-{waiting}"
+    await apply(pool, store, waiting, started(waiting, allocation, 0, tuned))
+    async with app_as(pool, store, VISION) as vision:
+        down = await get(vision, path)
+    edges = {(e["from"], e["to"], e["relation"]) for e in down["edges"]}
+    assert (f"model_version:vision/{base}:1", f"job:{waiting}", "fine_tuned_by") in edges
+    assert down["hidden"] == 0
