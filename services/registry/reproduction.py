@@ -4,7 +4,9 @@ A job's **record** (``build_record``) is assembled from what the registry itself
 never from what anyone typed: the ``job.started`` of its final run (the resolved spec, the
 code version, the environment the runner captured) and the dataset versions the job was
 given (the access audit, ``job_inputs``), each with its content hash and feature-processing
-version. Its **outcome** is how it ended: the status, the final metrics its
+version, and the model version it fine-tuned from (its recorded parent, with the sha256 of
+its weights: the spec names it by name and number, which a model made again under a deleted
+model's name gives again). Its **outcome** is how it ended: the status, the final metrics its
 ``job.succeeded`` reported and its final committed checkpoint (its sha256).
 
 ``compare`` decides a reproduction (a job whose spec names the original in ``reproduces``)
@@ -90,6 +92,7 @@ RECORD_FIELDS = (
     "data.datasets",
     "data.feature_versions",
     "data.dataset",
+    "data.parent_model",
     "seed",
     "hyperparameters.<key>",
     *(f"spec.{name}" for name in _SPEC_FIELDS),
@@ -113,6 +116,17 @@ class DatasetInput:
 
 
 @dataclass(frozen=True)
+class ParentInput:
+    """The model version a job fine-tuned from, as the registry recorded it (its parent,
+    ``job_inputs``): a deleted model's name may name a model made again since, whose
+    version of the same number is other weights."""
+
+    reference: str
+    """``team/name:version``."""
+    sha256: str
+
+
+@dataclass(frozen=True)
 class Outcome:
     """How a job ended."""
 
@@ -131,6 +145,7 @@ class Record:
     code_version: str
     environment: Environment
     datasets: Sequence[DatasetInput] = ()
+    parent: ParentInput | None = None
 
     def as_json(self) -> dict[str, Any]:
         env = self.environment
@@ -157,6 +172,9 @@ class Record:
                     for d in self.datasets
                 ],
                 "dataset": spec.dataset,
+                "parent_model": None
+                if self.parent is None
+                else {"reference": self.parent.reference, "sha256": self.parent.sha256},
             },
             "spec": spec.model_dump(mode="json"),
             "hyperparameters": dict(spec.hyperparameters),
@@ -260,6 +278,11 @@ def _record_differences(original: Record, reproduction: Record) -> list[Differen
         [d["feature_version"] for d in two["data"]["datasets"]],
     )
     check("data.dataset", one["data"]["dataset"], two["data"]["dataset"])
+    check(
+        "data.parent_model",
+        _parent_text(one["data"]["parent_model"]),
+        _parent_text(two["data"]["parent_model"]),
+    )
     check("seed", one["seed"], two["seed"])
     hyper_one, hyper_two = one["hyperparameters"], two["hyperparameters"]
     for key in sorted(set(hyper_one) | set(hyper_two)):
@@ -271,6 +294,10 @@ def _record_differences(original: Record, reproduction: Record) -> list[Differen
     check("hardware.gpu_models", one["hardware"]["gpu_models"], two["hardware"]["gpu_models"])
     check("hardware.gpu_count", one["hardware"]["gpu_count"], two["hardware"]["gpu_count"])
     return found
+
+
+def _parent_text(parent: dict[str, str] | None) -> str | None:
+    return None if parent is None else f"{parent['reference']} sha256:{parent['sha256']}"
 
 
 def _json_float(value: float | None) -> float | str | None:

@@ -31,6 +31,7 @@ from trainyard_platform.services.registry.reproduction import (
     DatasetInput,
     Decision,
     Outcome,
+    ParentInput,
     Record,
     Status,
     compare,
@@ -78,12 +79,26 @@ async def record(conn: asyncpg.Connection, job_id: str) -> Record | None:
         )
         for r in rows
     ]
+    parent = await conn.fetchrow(
+        """SELECT m.team, m.name, v.version, v.artifact_sha256
+           FROM job_parents p
+           JOIN model_versions v ON v.id = p.parent_version_id
+           JOIN models m ON m.id = v.model_id
+           WHERE p.job_id = $1""",
+        job_id,
+    )
     return Record(
         job_id=job_id,
         spec=final.spec,
         code_version=final.code_version,
         environment=final.environment,
         datasets=datasets,
+        parent=None
+        if parent is None
+        else ParentInput(
+            reference=f"{parent['team']}/{parent['name']}:{parent['version']}",
+            sha256=parent["artifact_sha256"],
+        ),
     )
 
 

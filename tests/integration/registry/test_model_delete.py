@@ -276,3 +276,23 @@ async def test_an_alias_s_etag_is_not_that_of_a_model_made_again_under_its_name(
         )
         assert moved.status_code == 200, moved.text
         assert moved.headers["ETag"] == new
+
+
+async def test_a_job_s_record_names_its_parent_s_weights_not_only_its_name(
+    pool: asyncpg.Pool, store: ObjectStore
+) -> None:
+    """A job's reproducibility record holds the parent the registry recorded for it, with
+    the sha256 of its weights: after its model is deleted and made again under its name,
+    ``vision/NAME:1`` in a spec names other weights, and a reproduction fine-tuned from
+    them is told apart (``data.parent_model``)."""
+    tag = uuid.uuid4().hex[:6]
+    base = f"base-{tag}"
+    await run_job(pool, store, base)
+    tuned_job = await run_job(pool, store, f"tuned-{tag}", parent_model=f"vision/{base}:1")
+    async with app_as(pool, store, VISION) as vision:
+        parent = await get(vision, f"/v1/models/vision/{base}/versions/1")
+        record = await get(vision, f"/v1/jobs/{tuned_job}/record")
+    assert record["record"]["data"]["parent_model"] == {
+        "reference": f"vision/{base}:1",
+        "sha256": parent["artifact"]["sha256"],
+    }

@@ -12,6 +12,7 @@ from trainyard_platform.services.registry.reproduction import (
     RELATIVE_TOLERANCE,
     DatasetInput,
     Outcome,
+    ParentInput,
     Record,
     compare,
     image_digest,
@@ -69,6 +70,7 @@ def record(job_id: str = "orig", **changes: object) -> Record:
         code_version=str(changes.pop("code_version", "bundle:sha256:" + SHA_A)),
         environment=env,  # type: ignore[arg-type]
         datasets=datasets,  # type: ignore[arg-type]
+        **changes,  # type: ignore[arg-type]
     )
 
 
@@ -228,3 +230,26 @@ def test_the_image_digest_is_the_one_the_reference_pins() -> None:
     assert image_digest(None) is None
     pinned = record(spec=spec(image=f"train@sha256:{SHA_A}"))
     assert pinned.as_json()["environment"]["image_digest"] == f"sha256:{SHA_A}"
+
+
+def test_a_parent_of_the_same_name_and_number_with_other_weights_is_different() -> None:
+    """The spec names its parent ``team/name:version``; once the model is deleted, a model
+    made again under its name gives that version number again, to other weights. The record
+    holds the parent the registry recorded, with its sha256: a reproduction fine-tuned from
+    the new model is different (``data.parent_model``), though ``spec.parent_model`` is the
+    same text. Before, it was identical."""
+    tuned = spec(parent_model="vision/base:1")
+    original = record(spec=tuned, parent=ParentInput("vision/base:1", SHA_A))
+    again = record("repro", spec=tuned, parent=ParentInput("vision/base:1", SHA_B))
+    decision = compare(original, outcome(), again, outcome())
+    assert decision.verdict == "different"
+    assert fields(decision) == ["data.parent_model"]
+    (difference,) = decision.differences
+    assert difference.original == f"vision/base:1 sha256:{SHA_A}"
+    assert difference.reproduction == f"vision/base:1 sha256:{SHA_B}"
+    assert original.as_json()["data"]["parent_model"] == {
+        "reference": "vision/base:1",
+        "sha256": SHA_A,
+    }
+    same = record("repro", spec=tuned, parent=ParentInput("vision/base:1", SHA_A))
+    assert compare(original, outcome(), same, outcome()).verdict == "identical"
