@@ -8,7 +8,7 @@ downloading versions, and aliases.
   or repeated parameters answer 422 naming them. Another team's ``project`` is null to a
   grantee and matches no ``project`` filter.
 - ``GET /v1/models/{team}/{name}``: one model with its aliases, and its ``ETag``
-  (``model_tag``).
+  (``model_tag``; to a grantee, which may not write it, a tag of what it is shown).
 - ``DELETE /v1/models/{team}/{name}`` (members): 409 naming its live versions while it has
   any; else the model is deleted (``models.delete_model``: its name is free, its versions'
   tombstones and their lineage stay), their leftover objects freed after the commit, and
@@ -330,8 +330,16 @@ def model_routes(
                 raise await no_model(conn, principal, team, name)
             granted_to = await model_grants.grants_of(conn, found.id)
         detail = ModelDetail(**_summary(found).model_dump(), grants=granted_to)
-        tag = model_tag(found, granted_to)
-        return tagged(shown(detail, team, grants.reader_of(principal)), tag)
+        reader = grants.reader_of(principal)
+        seen = shown(detail, team, reader)
+        # A grantee may not write the model, and its grants are the owner's: its tag is of
+        # what it is shown, never a hash of the grants (few team names, easily searched).
+        tag = (
+            model_tag(found, granted_to)
+            if grantee_view.sees_all(team, reader)
+            else entity_tag(seen)
+        )
+        return tagged(seen, tag)
 
     @delete(
         "/v1/models/{team:str}/{name:str}",

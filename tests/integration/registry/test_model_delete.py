@@ -296,3 +296,25 @@ async def test_a_job_s_record_names_its_parent_s_weights_not_only_its_name(
         "reference": f"vision/{base}:1",
         "sha256": parent["artifact"]["sha256"],
     }
+
+
+async def test_a_grantee_s_etag_of_a_model_tells_nothing_of_its_other_grants(
+    pool: asyncpg.Pool, store: ObjectStore
+) -> None:
+    """The grants of a model are its owner's (null to a grantee), and its ETag now covers
+    them: the ETag a grantee reads is of what it is shown, so it neither changes with, nor
+    can be searched for (an unkeyed hash of few team names), the other teams granted."""
+    name = f"secret-{uuid.uuid4().hex[:6]}"
+    job = await job_with_checkpoints(pool, store, [1])
+    async with app_as(pool, store, VISION_ADMIN) as client:
+        assert (await register(client, "vision", name, job)).status_code == 201
+        assert (await client.put(f"/v1/models/vision/{name}/grants/ml")).is_success
+    async with app_as(pool, store, ML) as ml:
+        before = await ml.get(f"/v1/models/vision/{name}")
+        assert before.json()["grants"] is None
+    async with app_as(pool, store, VISION_ADMIN) as client:
+        assert (await client.put(f"/v1/models/vision/{name}/grants/audio")).is_success
+    async with app_as(pool, store, ML) as ml:
+        after = await ml.get(f"/v1/models/vision/{name}")
+    assert after.json() == before.json()
+    assert after.headers["ETag"] == before.headers["ETag"]
