@@ -208,7 +208,14 @@ def node_label(node: dict[str, Any]) -> str:
         return f"job {short(str(node.get('job_id')))} {node.get('name', '')} ({node.get('status', '?')})"
     if kind in ("dataset_version", "model_version"):
         what = "dataset" if kind == "dataset_version" else "model"
-        gone = " (deleted)" if node.get("deleted") else ""
+        # A deleted model's name may be a model made again: say which version is whose.
+        gone = (
+            " (deleted with its model)"
+            if node.get("model_deleted")
+            else " (deleted)"
+            if node.get("deleted")
+            else ""
+        )
         return f"{what} {node.get('team')}/{node.get('name')}:{node.get('version')}{gone}"
     if kind == "checkpoint":
         return f"checkpoint {node.get('uri') or node['id'].split(':', 1)[-1]}"

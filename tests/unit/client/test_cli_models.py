@@ -16,7 +16,7 @@ import pytest
 from trainyard import cli_models
 from trainyard.cli import main
 from trainyard.cli_base import CliError, Exit
-from trainyard.cli_data import render_tree
+from trainyard.cli_data import node_label, render_tree
 from trainyard.cli_models import Ref, alias_arg, fetch_verified, parse_ref, version_arg
 from trainyard.cli_tracking import cost_report_text, dimensions_arg, job_cost_text
 from trainyard.client import TrainyardClient
@@ -529,3 +529,23 @@ def test_a_cost_table_s_rows_add_up_to_its_total_and_prices_show_as_set() -> Non
     bill |= {"allocations": [allocation], "totals": [{"currency": "USD", "cost": "0.123456"}]}
     text = job_cost_text(bill)
     assert "0.123456/h" in text and text.endswith("total: 0.123456 USD")
+
+
+def test_a_deleted_model_s_version_is_told_apart_from_the_model_made_again() -> None:
+    """A deleted model's name may be taken by a model made again, with a version 1 of its
+    own: the registry's graph holds both as different nodes, and the tree says which one is
+    of the deleted model. Before, both printed as ``model v/cnn:1 (deleted)`` once the new
+    model's version 1 was deleted too."""
+    old = {
+        "id": "model_version:v/cnn:1#0b7e",
+        "kind": "model_version",
+        "team": "v",
+        "name": "cnn",
+        "version": 1,
+        "deleted": True,
+        "model_deleted": True,
+    }
+    new = {**old, "id": "model_version:v/cnn:1", "model_deleted": False}
+    assert node_label(old) == "model v/cnn:1 (deleted with its model)"
+    assert node_label(new) == "model v/cnn:1 (deleted)"
+    assert node_label({**new, "deleted": False}) == "model v/cnn:1"
