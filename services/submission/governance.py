@@ -17,7 +17,8 @@ Contract:
   raises ``Conflict`` (409) naming the budget; ``deprioritize`` makes the job's priority
   class ``low`` (``DEPRIORITIZED_CLASS``), with a warning; ``warn`` admits it with a
   warning. The state is billing's as last said: a bill billing has not said yet is not in it.
-  Before those, whatever is spent and of any month: a budget that reserves each job's worst
+  After a spent ``refuse`` budget's 409 (it refuses any job, however the job is changed),
+  and before the others, whatever is spent and of any month: a budget that reserves each job's worst
   case (``shared.worst_case.reserves``: policy ``refuse`` or ``on_exhausted`` ``stop``, with
   billing's ``rates``; not deleted) refuses a job whose worst case alone is more than its
   whole amount, which the scheduler would hold for ever (``RequestInvalid``, 422 naming
@@ -268,20 +269,24 @@ def _month(now: datetime) -> str:
 def _by_budgets(
     team: str, job: JobRequest, rows: Sequence[Mapping[str, Any]]
 ) -> tuple[JobRequest, list[str], Lowered | None]:
-    _refuse_over_whole(team, job, rows)
-    warnings: list[str] = []
-    lowered: Lowered | None = None
-    for row in rows:
-        if not row.get("spent_now", True):
-            continue  # read for its reservations only (``_refuse_over_whole``)
-        scope = _scope(team, row)
-        spent = f"{row['spent']} of {row['amount']} {row['currency']} spent in {row['month']}"
+    # Rows read for their reservations only (``_refuse_over_whole``) are not spent now.
+    spent_now = [row for row in rows if row.get("spent_now", True)]
+    for row in spent_now:
+        # First: a spent ``refuse`` budget refuses any job, however it is changed, so its
+        # owner is not sent to shorten a job that could not start either way.
         if row["policy"] == "refuse":
+            scope = _scope(team, row)
             raise Conflict(
-                f"the budget of {scope} is spent ({spent}); new jobs are refused",
+                f"the budget of {scope} is spent ({_spent(row)}); new jobs are refused",
                 field="project" if row["project"] else "team",
                 message=f"the budget of {scope} is spent and refuses new jobs",
             )
+    _refuse_over_whole(team, job, rows)
+    warnings: list[str] = []
+    lowered: Lowered | None = None
+    for row in spent_now:
+        scope = _scope(team, row)
+        spent = _spent(row)
         if row["policy"] == "deprioritize":
             if job.priority != DEPRIORITIZED_CLASS:  # the first budget that lowers it
                 lowered = Lowered(job.priority, f"the budget of {scope} is spent ({spent})")
@@ -293,6 +298,10 @@ def _by_budgets(
         else:
             warnings.append(f"the budget of {scope} is spent ({spent})")
     return job, warnings, lowered
+
+
+def _spent(row: Mapping[str, Any]) -> str:
+    return f"{row['spent']} of {row['amount']} {row['currency']} spent in {row['month']}"
 
 
 def _scope(team: str, row: Mapping[str, Any]) -> str:

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from trainyard_platform.services.scheduler.budget_holds import Unfit, reservation_note_parts
+from trainyard_platform.services.submission.errors import Conflict
 from trainyard_platform.services.submission.governance import Screening
 from trainyard_platform.services.submission.schemas import JobRequest
 from trainyard_platform.shared.http_errors import RequestInvalid
@@ -113,3 +114,16 @@ def test_a_reserving_budget_not_spent_this_month_neither_refuses_nor_warns() -> 
     # Read for its reservation only: the spent policies act on ``spent_now`` rows alone.
     admitted, warnings, lowered = Screening("ml", ["a100"], [reserving()]).admit(job(60))
     assert (warnings, lowered) == ([], None) and admitted.priority == job(60).priority
+
+
+def test_a_spent_refusing_budget_says_it_is_spent_before_the_job_is_too_large_for_it() -> None:
+    """Spent, a ``refuse`` budget refuses every job (409), the one answer that holds however
+    the job is changed: telling its owner to lower ``max_runtime_seconds`` (422) would send
+    them to change a job that could not start either way (e2e ``test_governance``)."""
+    spent = reserving(amount="0.000001", spent="0.000002", spent_now=True)
+    with pytest.raises(Conflict) as refused:
+        Screening("ml", ["a100"], [spent]).admit(job())
+    assert refused.value.detail == (
+        "the budget of team ml is spent (0.000002 of 0.000001 USD spent in 2026-12); "
+        "new jobs are refused"
+    )
