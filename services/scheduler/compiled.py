@@ -64,8 +64,8 @@ def compile_policy(root: Path, python: str = sys.executable) -> list[Path]:
     """Compile every module of ``root``'s policy package with mypyc, in place; return the
     extensions made. ``python``: the interpreter whose mypyc builds them (an environment of
     build tools; it must be the same Python version as the one that will import them).
-    ``CannotCompile`` for a source checkout, a tree without the package, or a failed build
-    (mypyc's output in the message)."""
+    ``CannotCompile`` for a source checkout, a tree without the package, an interpreter
+    that cannot be run, or a failed build (mypyc's output in the message)."""
     package = root / POLICY
     if not package.is_dir():
         raise CannotCompile(f"{package} does not exist: --root must hold trainyard_platform/")
@@ -76,13 +76,16 @@ def compile_policy(root: Path, python: str = sys.executable) -> list[Path]:
         )
     modules = sorted(str(p.relative_to(root)) for p in package.glob("*.py"))
     # mypyc writes its build folder and the shared runtime library in the working folder.
-    done = subprocess.run(
-        [python, "-m", "mypyc", *modules],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    try:
+        done = subprocess.run(
+            [python, "-m", "mypyc", *modules],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    except OSError as exc:  # no such interpreter, or not one that can run
+        raise CannotCompile(f"cannot run {python}: {exc.strerror or exc}") from exc
     if done.returncode != 0:
         raise CannotCompile(f"mypyc failed:\n{done.stdout}{done.stderr}")
     shutil.rmtree(root / "build", ignore_errors=True)
