@@ -9,9 +9,9 @@ Each process builds the ``--ten-x`` scenario of ``bench.scheduler_scale`` (10,00
 GPUs, 100,000 pending jobs in 500 queues), runs one pass to warm up, then ``--passes`` timed
 passes (``schedule``: deciding and explaining), each timed by the CPU time of the process
 (``time.process_time``) and by the wall clock. Every process also prints a digest of its
-decisions (placements, preemptions and every explanation, as ``tests/unit/scheduler/policy``'s
-golden tests take it): the run fails unless both arms decided exactly the same. Prints a table
-and writes ``bench/results/policy_compiled.json``. About 4 minutes on 2 cores.
+decisions (placements, preemptions and every explanation, by the golden tests'
+``canonical``): the run fails unless both arms decided exactly the same. Prints a table and
+writes ``bench/results/policy_compiled.json``. About 4 minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from bench.scheduler_scale import scenario
 from trainyard_platform.services.scheduler.compiled import is_compiled
 from trainyard_platform.services.scheduler.policy import schedule
 from trainyard_platform.services.scheduler.policy.model import PolicyConfig
+from tests.unit.scheduler.policy.test_golden import canonical as canonical_of
 
 nodes, passes = int(sys.argv[1]), int(sys.argv[2])
 snapshot = scenario(nodes, queues_count=nodes // 20, submit_times=True)
@@ -50,13 +51,7 @@ for _ in range(passes):
     decisions = schedule(snapshot, PolicyConfig())
     cpu.append(time.process_time() - c)
     wall.append(time.perf_counter() - w)
-canonical = [
-    [[p.job_id, sorted((k, list(v)) for k, v in p.gpus.items()), p.borrowed]
-     for p in decisions.placements],
-    [[p.job_id, p.for_job_id, p.kind, p.reason] for p in decisions.preemptions],
-    [[k, e.position, e.reason, e.blocking, e.suggestion, repr(e.estimated_start)]
-     for k, e in decisions.explanations.items()],
-]
+canonical = canonical_of(decisions)
 print(json.dumps({
     "compiled": is_compiled(),
     "cpu_s": cpu,
