@@ -35,9 +35,10 @@ FIELDS: tuple[str, ...] = (
 )
 """The fields of a ``budget.updated`` besides its key (team, project) and revision that
 every replica may keep."""
-OPTIONAL: tuple[str, ...] = ("rates",)
-"""Fields a replica keeps only when it names them: ``rates`` (a JSON object in a ``jsonb``
-column, null when the state has none)."""
+OPTIONAL: tuple[str, ...] = ("rates", "spent_at", "accruing")
+"""Fields a replica keeps only when it names them: ``rates`` and ``accruing`` (JSON in a
+``jsonb`` column), ``spent_at`` (a ``timestamptz``); null when the state has none."""
+_JSON: tuple[str, ...] = ("rates", "accruing")
 _TABLE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 
@@ -70,7 +71,7 @@ async def keep(
 
 
 def _value(state: BudgetUpdated, field: str) -> object:
-    if field in OPTIONAL:
+    if field in _JSON:
         return state.model_dump(mode="json")[field]  # plain JSON values for a jsonb column
     return getattr(state, field)
 

@@ -24,7 +24,9 @@ Contract:
   month (after a change through the API, or a crossing): the amount, what is spent, whether
   it is exhausted (spent >= amount), its policy and ``on_exhausted``, with the next budget
   revision; for a budget the scheduler reserves against, the ``rates`` it reserves at (the
-  book's highest prices per hour from ``now`` on). ``reserving(conn, now)`` says again the
+  book's highest prices per hour from ``now`` on), and which running allocations' accrued
+  cost ``spent`` counts (``accruing``), with the instant it was measured (``spent_at``:
+  ``now``). ``reserving(conn, now)`` says again the
   state of every such budget, in a price change's transaction.
 - Every transaction that says a budget's state holds the budget's scope
   (``budgets_repository.lock``) from before it reads the budget until it commits: a bill,
@@ -56,6 +58,7 @@ from trainyard_platform.shared import outbox
 from trainyard_platform.shared.events import Envelope, Payload
 from trainyard_platform.shared.events.payloads import (
     BudgetThresholdCrossed,
+    MAX_ACCRUING,
     BudgetUpdated,
     ReservationRates,
 )
@@ -186,8 +189,9 @@ async def say_state(
     ``rates_now``: ``rates(conn, now)`` read already in this transaction (a caller saying
     many budgets reads the book once); else they are read here when the budget reserves."""
     month = month_start(now)
-    spent = await repo.spent(conn, budget, month, now)
+    spent, accruing = await repo.spent_accruing(conn, budget, month, now)
     revision = await repo.next_revision(conn)
+    reserved_against = not deleted and reserves(budget)
     state = BudgetUpdated(
         team=budget.team,
         project=budget.project,
@@ -207,6 +211,10 @@ async def say_state(
             if rates_now is not None
             else await rates(conn, now)
         ),
+        spent_at=None if deleted else now,
+        # What the scheduler needs to reserve a running job only its worst case after
+        # ``now``; past ``MAX_ACCRUING`` it reserves each whole (said None).
+        accruing=accruing if reserved_against and len(accruing) <= MAX_ACCRUING else None,
     )
     await _say(conn, state, budget.team, f"budget:{budget.team}:{budget.project or ''}:{revision}")
     if not deleted:

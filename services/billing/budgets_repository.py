@@ -146,6 +146,15 @@ async def spent(
     """What the budget's team (or project) spent in the UTC month starting ``month``, in
     the budget's currency: the month's rollups (every bill committed so far) and what the
     allocations still running have accrued in the month up to ``now`` (``accrued``)."""
+    return (await spent_accruing(conn, budget, month, now))[0]
+
+
+async def spent_accruing(
+    conn: asyncpg.Connection, budget: Budget, month: datetime, now: datetime
+) -> tuple[Decimal, list[str]]:
+    """``spent``, and the allocations (ids, sorted) whose accrued cost is part of it: each
+    still running and priced, its cost from its grant (or the month's start) up to ``now``
+    counted (``budget.updated``'s ``accruing``)."""
     value = await conn.fetchval(
         "SELECT COALESCE(sum(cost), 0) FROM cost_rollups WHERE granularity = 'month' "
         "AND bucket = $1 AND team = $2 AND ($3::text IS NULL OR project = $3) "
@@ -155,7 +164,8 @@ async def spent(
         budget.project,
         budget.currency,
     )
-    return Decimal(value) + await accrued(conn, budget, month, now)
+    total, ids = await _accrual(conn, budget, month, now)
+    return Decimal(value) + total, ids
 
 
 async def accrued(
@@ -166,11 +176,19 @@ async def accrued(
     the platform pays for it), within the month and up to ``now``, priced by the book as their bill will be
     (GPUs, CPUs and memory);
     0 for an allocation of a flavor without a price (its release will be dead-lettered)."""
+    return (await _accrual(conn, budget, month, now))[0]
+
+
+async def _accrual(
+    conn: asyncpg.Connection, budget: Budget, month: datetime, now: datetime
+) -> tuple[Decimal, list[str]]:
+    """``accrued``, and the allocations whose cost it counts whole (sorted ids: none of a
+    flavor without a price, nor one priced in part in another currency)."""
     end = min(now, next_month(month))
     if end <= month:
-        return Decimal(0)
+        return Decimal(0), []
     rows = await conn.fetch(
-        f"""SELECT a.gpu_flavor, a.gpus, a.cpus, a.memory_gib, a.granted_at
+        f"""SELECT a.allocation_id, a.gpu_flavor, a.gpus, a.cpus, a.memory_gib, a.granted_at
            FROM announced_allocations a
            WHERE a.team = $1 AND ($2::text IS NULL OR a.project = $2) AND a.granted_at < $3
              AND NOT EXISTS (SELECT 1 FROM usage_ledger u
@@ -182,9 +200,10 @@ async def accrued(
         end,
     )
     if not rows:
-        return Decimal(0)
+        return Decimal(0), []
     book = await catalogue.schedule(conn)
     total = Decimal(0)
+    ids = []
     for r in rows:
         try:
             segments = book.segments(
@@ -198,7 +217,9 @@ async def accrued(
         except (UnknownFlavor, ValueError):
             continue
         total += sum((s.cost for s in segments if s.currency == budget.currency), Decimal(0))
-    return total
+        if all(s.currency == budget.currency for s in segments):  # all of it counted
+            ids.append(r["allocation_id"])
+    return total, sorted(ids)
 
 
 async def said_exhausted(conn: asyncpg.Connection, budget: Budget, month: datetime) -> bool:

@@ -46,8 +46,12 @@ Contract:
   (``reservation``), from its start until its allocations end. ``fit(queued, running,
   reserves, order)`` keeps a queued job from the pass unless its reservation fits in what
   is left of every budget that reserves for it: the amount, less what billing last said is
-  spent, less the reservations of its running jobs (counted whole: what they accrued is
-  counted twice until they end, so the budget errs on the side of waiting), less those of
+  spent, less what its running jobs may still cost beyond that: a job whose allocations
+  billing said ``spent`` counts (the state's ``accruing``, up to its ``spent_at``) is
+  reserved its worst case from ``spent_at`` on (``max_runtime_seconds`` less the whole
+  seconds it had run by then, never below 0: what it accrued is not counted twice, and the
+  rest costs at most the rates), any other (started after, or a state that does not say
+  them) its whole worst case; less those of
   the queued jobs before it (by ``order``) that fit, and less what is kept for those before
   it that do not fit but have waited ``ageing_s`` since submission (with ``now``: each keeps
   its room from the jobs after it while what is spent leaves room for it, so none is starved
@@ -56,7 +60,8 @@ Contract:
   month ends; one whose reservation is more than the whole amount is told it cannot start
   until the budget is raised or its ``max_runtime_seconds`` lowered (and how far). A flavor without a rate (billing has no price for it) is reserved 0, as it
   is billed nothing until priced. A state of an earlier month reserves with nothing spent
-  in the new one.
+  in the new one at its start: each running job is reserved its worst case from the
+  month's start on.
 - ``budget_note_parts(hold, now)``: what a held job is told (``convert.budget_note`` makes
   its ``job.pending``): reason, blocking, suggestion and estimated start: which budget, what
   is spent of it this month, and until when it is held (the start of the next UTC month,
@@ -100,6 +105,12 @@ def month_label(at: datetime) -> str:
     return f"{at.year:04d}-{at.month:02d}"
 
 
+def month_start(at: datetime) -> datetime:
+    """The first instant of ``at``'s UTC month."""
+    at = at.astimezone(UTC)
+    return datetime(at.year, at.month, 1, tzinfo=UTC)
+
+
 def next_month(at: datetime) -> datetime:
     """The first instant of the UTC month after ``at``'s."""
     at = at.astimezone(UTC)
@@ -114,9 +125,14 @@ def current(state: Row, month: str) -> bool:
     return bool(state["month"] >= month)
 
 
+KEPT = ("rates", "spent_at", "accruing")
+"""The optional fields of ``budget.updated`` a state is kept with besides
+``budget_states.FIELDS`` (what reservations need)."""
+
+
 async def apply_state(conn: asyncpg.Connection, state: BudgetUpdated) -> bool:
     """Keep ``state`` unless a newer one is kept already; True when the row changed."""
-    return await budget_states.keep(conn, "budget_states", state, (*budget_states.FIELDS, "rates"))
+    return await budget_states.keep(conn, "budget_states", state, (*budget_states.FIELDS, *KEPT))
 
 
 async def load(conn: asyncpg.Connection) -> Sequence[Row]:
@@ -124,7 +140,8 @@ async def load(conn: asyncpg.Connection) -> Sequence[Row]:
     billing's ``rates`` (a budget that reserves)."""
     rows: Sequence[Row] = await conn.fetch(
         "SELECT team, project, month, amount, spent, currency, policy, on_exhausted, "
-        "exhausted, rates FROM budget_states WHERE NOT deleted AND (exhausted OR rates IS NOT NULL)"
+        "exhausted, rates, spent_at, accruing FROM budget_states "
+        "WHERE NOT deleted AND (exhausted OR rates IS NOT NULL)"
     )
     return rows
 
@@ -256,6 +273,11 @@ def budget_note_parts(hold: Row, now: datetime) -> tuple[str, str, str, datetime
     return reason, blocking, suggestion, until
 
 
+ALL_RUNNING = "*"
+"""``accruing`` of a state ``reserving`` made for a new month from one of an earlier month
+(nothing spent at the month's start, ``spent_at``): every running job has accrued in
+``spent`` what it cost from ``spent_at`` on, that is nothing."""
+
 Reserves = Mapping[tuple[str, str], Row]
 """Budgets that reserve now (``reserving``), by (team, project)."""
 
@@ -274,7 +296,15 @@ def reserving(rows: Iterable[Row], now: datetime) -> dict[tuple[str, str], Row]:
         if current(r, month) and not r.get("exhausted", True):
             found[(r["team"], r["project"])] = r
         elif r["month"] < month:
-            found[(r["team"], r["project"])] = {**r, "month": month, "spent": "0.000000"}
+            # Nothing of this month was spent at its start: a running job's cost in it is
+            # at most its worst case from then on (``fit``), whatever billing counted.
+            found[(r["team"], r["project"])] = {
+                **r,
+                "month": month,
+                "spent": "0.000000",
+                "spent_at": month_start(now),
+                "accruing": ALL_RUNNING,
+            }
     return found
 
 
@@ -311,15 +341,40 @@ class _Parsed:
     spent: Decimal
     prices: Mapping[str, Prices]
     """Per flavor with a rate (a falsy rate is none: reserved 0, as ``hourly`` says)."""
+    spent_at: datetime | None = None
+    """When ``spent`` was measured, when billing said it and which allocations it counts."""
+    accruing: frozenset[str] | str = frozenset()
+    """The running allocations whose cost up to ``spent_at`` is in ``spent`` (or
+    ``ALL_RUNNING``)."""
 
     @classmethod
     def of(cls, budget: Row) -> _Parsed:
         rates: Mapping[str, Any] = budget["rates"]
+        spent_at, accruing = budget.get("spent_at"), budget.get("accruing")
         return cls(
             worst_case.decimal(budget["amount"]),
             worst_case.decimal(budget["spent"]),
             {flavor: worst_case.prices(rate) for flavor, rate in rates.items() if rate},
+            spent_at if isinstance(spent_at, datetime) and accruing is not None else None,
+            accruing if accruing == ALL_RUNNING else frozenset(accruing or ()),
         )
+
+    def running(self, members: Sequence[Row]) -> Decimal:
+        """What a running job (its live allocations, ``members``) is reserved: its worst
+        case from when ``spent`` was measured on, when ``spent`` counts what each of its
+        allocations accrued up to then (a whole second it ran before, taken off its
+        ``max_runtime_seconds``, never below 0: what it may still cost, at prices no higher
+        than the rates); else its whole worst case, since it started."""
+        first = members[0]
+        seconds = first["max_runtime_seconds"]
+        if self.spent_at is not None and (
+            self.accruing == ALL_RUNNING
+            or all(str(m["allocation_id"]) in self.accruing for m in members)  # a UUID
+        ):
+            # From the latest grant of its gang: the longest it may still run.
+            ran = (self.spent_at - max(m["granted_at"] for m in members)).total_seconds()
+            seconds = max(0, seconds - max(0, int(ran)))
+        return worst(self.hourly(first), seconds)
 
     def hourly(self, job: Row) -> Decimal:
         """``hourly(job, rates)`` from the parsed prices."""
@@ -360,9 +415,8 @@ def fit(
         return [k for k in keys if k in reserves]
 
     for members in running.values():
-        first = members[0]
-        for key in keys_of(first):
-            reserved[key] += worst(parsed[key].hourly(first), first["max_runtime_seconds"])
+        for key in keys_of(members[0]):
+            reserved[key] += parsed[key].running(members)
     unfit: dict[str, Unfit] = {}
     for job in queued:
         needs = []

@@ -752,6 +752,8 @@ class ReservationRates(BaseModel):
     memory_gib_hour: str = Field(default="0", pattern=RATE_PATTERN)
 
 
+MAX_ACCRUING = 1000
+"""The most running allocations a budget state names (``BudgetUpdated.accruing``)."""
 BudgetPolicy = Literal["refuse", "deprioritize", "warn"]
 """What submission does with a new job of a team (or project) whose budget is spent."""
 BudgetOnExhausted = Literal["finish", "stop"]
@@ -788,6 +790,16 @@ class BudgetUpdated(Payload):
     project) only while its worst case fits in what is left (docs/scheduling.md, "Budgets
     that hold queued jobs"). None (a state said before the field existed, or of a budget
     that holds nothing): nothing is reserved, the budget holds only once it is spent."""
+    spent_at: Instant | None = None
+    """When ``spent`` was measured (billing's clock): what the allocations still running had
+    accrued up to this instant is part of it. None (a state said before the field existed):
+    not said."""
+    accruing: list[str] | None = Field(default=None, max_length=MAX_ACCRUING)
+    """With ``rates``: the allocations (ids) still running whose cost up to ``spent_at`` is
+    in ``spent``; the scheduler reserves such a running job only what it can cost after
+    ``spent_at``, and any other its whole worst case. None (a state said before the field
+    existed, of a budget that reserves nothing, or with more running allocations than
+    ``MAX_ACCRUING``): each running job is reserved its whole worst case."""
 
 
 class BudgetThresholdCrossed(Payload):

@@ -1013,3 +1013,36 @@ async def test_a_price_change_reads_the_book_once_for_every_budget_that_reserves
     assert reads == 1
     *_, said = await _states(pool, "vision")
     assert said.rates is not None and said.rates["a100"].gpu_hour == "2.5"
+
+
+async def test_a_state_says_when_spent_was_measured_and_which_running_allocations_it_counts(
+    pool: asyncpg.Pool, client: httpx.AsyncClient
+) -> None:
+    """What is spent counts what the allocations still running have accrued up to its
+    measure: the state says that instant (``spent_at``) and, for a budget that reserves,
+    which allocations (``accruing``), so the scheduler reserves each of them only what it
+    may cost after it, not its whole worst case again. An ended (billed) allocation is not
+    among them; a budget that reserves nothing names none."""
+    for path, body, headers in (
+        ("/v1/budgets/ml", {"amount": "1000", "policy": "refuse"}, ML_ADMIN),
+        ("/v1/budgets/vision", {"amount": "1000"}, OPERATOR_USER),
+    ):
+        put = await client.put(path, json=body, headers=headers)
+        assert put.status_code == 201, put.text
+    month = month_start(datetime.now(UTC))
+    done = released("done-1", month + timedelta(minutes=1), timedelta(hours=1))
+    running = released("run-1", month + timedelta(minutes=2), timedelta(hours=1))
+    watched = released("run-2", month + timedelta(minutes=2), timedelta(hours=1), team="vision")
+    await feed(pool, grant_of(done), release_event(done), grant_of(running), grant_of(watched))
+    now = datetime.now(UTC)
+    async with pool.acquire() as conn, conn.transaction():
+        for team in ("ml", "vision"):
+            budget = await budgets_repo.get(conn, team, None)
+            assert budget is not None
+            spent = await budget_watch.say_state(conn, budget, now)
+            accrued = await budgets_repo.accrued(conn, budget, month, now)
+            assert accrued > 0 and spent == (Decimal(5) if team == "ml" else 0) + accrued
+    *_, ml = await _states(pool, "ml")
+    assert (ml.spent_at, ml.accruing) == (now, ["run-1"])
+    *_, vision = await _states(pool, "vision")
+    assert (vision.spent_at, vision.accruing) == (now, None)

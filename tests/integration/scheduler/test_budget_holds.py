@@ -5,7 +5,7 @@ lets other teams' jobs start, and releases them when the budget is raised."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -208,3 +208,58 @@ async def test_jobs_queued_together_start_only_as_far_as_the_budget_covers(
     await scheduler.send(room.model_copy(update={"amount": "10.000000", "revision": 2}), "vision")
     for job_id in waiting:
         await scheduler.wait_for(AllocationGranted, lambda g, j=job_id: g.job_id == j)
+
+
+async def test_a_running_job_s_cost_billing_counts_is_not_reserved_again(
+    scheduler: Scheduler,
+) -> None:
+    # 5.00 with nothing spent: r1 (2.50 at worst) starts. Then billing says 1.25 is spent,
+    # what r1 accrued in its first half hour (measured then, counting r1's allocation): r1
+    # can cost at most 1.25 more, so r2 (2.50) fits exactly. Before, r1 was reserved its
+    # whole 2.50 besides the 1.25 it had accrued, and r2 waited until r1 ended.
+    now = datetime.now(UTC)
+    room = BudgetUpdated(
+        team="vision",
+        month=f"{now.year:04d}-{now.month:02d}",
+        amount="5.000000",
+        spent="0.000000",
+        currency="USD",
+        policy="refuse",
+        exhausted=False,
+        revision=1,
+        rates={"cpu": ReservationRates(gpu_hour="2.5")},
+    )
+    await scheduler.send(room, "vision")
+    await scheduler.submit("r1", gpus=1, max_runtime_seconds=3600)
+    await scheduler.heartbeat("n1", gpus=4)
+    (first,) = await scheduler.wait_for(AllocationGranted, lambda g: g.job_id == "r1")
+    measured = room.model_copy(
+        update={
+            "spent": "1.250000",
+            "revision": 2,
+            "spent_at": first.granted_at + timedelta(minutes=30),
+            "accruing": [first.allocation_id],
+        }
+    )
+    await scheduler.send(measured, "vision")
+    for job_id in ("r2", "r3"):
+        await scheduler.submit(job_id, gpus=1, max_runtime_seconds=3600)
+    (second,) = await scheduler.wait_for(AllocationGranted, lambda g: g.job_id in {"r2", "r3"})
+    waiting = ({"r2", "r3"} - {second.job_id}).pop()
+    await scheduler.wait_for(
+        JobPending,
+        lambda p: p.job_id == waiting and "cannot cover this job's worst case" in p.reason,
+    )
+    assert len(scheduler.events(AllocationGranted, lambda g: g.job_id == waiting)) == 0
+
+    # A state that does not say which allocations it counts reserves r1 whole again:
+    # 1.25 + 2.50 + 2.50 + 2.50 is more than 7.50, so the last job still waits.
+    await scheduler.send(
+        measured.model_copy(update={"amount": "7.500000", "revision": 3, "accruing": None}),
+        "vision",
+    )
+    await scheduler.wait_for(
+        JobPending,
+        lambda p: p.job_id == waiting and "1.250000 of 7.500000 USD is spent" in p.reason,
+    )
+    assert len(scheduler.events(AllocationGranted, lambda g: g.job_id == waiting)) == 0
