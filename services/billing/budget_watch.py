@@ -57,8 +57,8 @@ from trainyard_platform.services.billing.ledger import LedgerEntry
 from trainyard_platform.shared import outbox
 from trainyard_platform.shared.events import Envelope, Payload
 from trainyard_platform.shared.events.payloads import (
-    BudgetThresholdCrossed,
     MAX_ACCRUING,
+    BudgetThresholdCrossed,
     BudgetUpdated,
     ReservationRates,
 )
