@@ -400,7 +400,11 @@ def fit(
     (one that could start only after a raise or in the next month keeps nothing, and no
     job whose worst case is more than the whole amount ever does). So once it has aged, the
     room the running jobs free as they end is kept for it, not taken by smaller later jobs
-    of its budget (a job of a higher class still comes before it in ``order``)."""
+    of its budget. Which jobs come after it is ``queued``'s order: the pass orders them as
+    the policy orders a queue (``fairshare.queue_key``, without the size term), so a job of
+    a higher class submitted later comes before it only until it has waited one
+    ``ageing_s`` longer per class level between them, and a stream of such jobs cannot keep
+    it waiting for ever."""
     if not reserves:
         return {}
     parsed = {key: _Parsed.of(budget) for key, budget in reserves.items()}

@@ -13,7 +13,8 @@ Contract:
   team's or project's budget holds it (``budget_holds``: spent this UTC month under a policy
   that holds queued jobs; ``budget_note`` says which budget, and until when), or cannot take
   its worst case beside what is spent and reserved (``budget_holds.fit``, in the order the
-  jobs would start: class, then arrival; the note says what it needs; a job no ready node
+  jobs would start: ``fairshare.queue_key`` of their class and submission, without the size
+  term, so every ``ageing_s`` of waiting lifts a job one class; the note says what it needs; a job no ready node
   can hold, its flavor's ready uncordoned GPUs fewer than it asks, reserves nothing; one
   that does not fit and was submitted ``ageing_s`` or more ago keeps its room from the jobs
   after it, whose notes say so); a
@@ -50,7 +51,11 @@ from trainyard_platform.services.scheduler.budget_holds import (
     reservation_note_parts,
     reserving,
 )
-from trainyard_platform.services.scheduler.policy.fairshare import decay_usage
+from trainyard_platform.services.scheduler.policy.fairshare import (
+    class_levels,
+    decay_usage,
+    queue_key,
+)
 from trainyard_platform.services.scheduler.policy.model import (
     Decisions,
     Explanation,
@@ -183,7 +188,11 @@ def build_snapshot(
     for a in rows.running:
         by_job.setdefault(a["job_id"], []).append(a)
     # A budget that reserves takes the worst case of its jobs in the order they would
-    # start (class, then arrival); one that does not fit waits for it (``budget_holds.fit``).
+    # start: the policy's ``queue_key`` by class and arrival, where every ``ageing_s`` of
+    # waiting counts as one class level, so a job of a higher class submitted later goes
+    # first only until the earlier one has waited as many ageings as it is levels below;
+    # not by declared size: a large job's worst case is what its aged room protects (below).
+    # One that does not fit waits for it (``budget_holds.fit``).
     # A job no ready node can hold (its flavor's ready, uncordoned GPUs fewer than it asks)
     # cannot start in this pass: it reserves nothing, so it keeps no later job of its budget
     # waiting for as long as those nodes are away. A job that does not fit and has waited
@@ -191,6 +200,8 @@ def build_snapshot(
     # stream of smaller ones (``fit``).
     reserves = reserving(rows.budgets, now)
     value = {c.name: c.value for c in classes}
+    levels = class_levels(classes)
+    ageing = max(ageing_s, 1e-9)  # as the policy's pass divides by it
     ready_gpus: dict[str, int] = {}
     if reserves:
         for n in rows.nodes:
@@ -200,7 +211,13 @@ def build_snapshot(
     unfit = fit(
         sorted(
             (c for c in candidates if c["gpus"] <= ready_gpus.get(c["gpu_flavor"], 0)),
-            key=lambda r: (-value[r["priority_class"]], r["submitted_at"], r["seq"]),
+            key=lambda r: queue_key(
+                to_epoch(r["submitted_at"]),
+                levels[value[r["priority_class"]]],
+                r["seq"],
+                r["job_id"],
+                ageing,
+            ),
         ),
         by_job,
         reserves,

@@ -54,7 +54,11 @@ from collections.abc import Generator, Mapping, Sequence, Set
 from dataclasses import dataclass
 
 from trainyard_platform.services.scheduler.policy import backfill
-from trainyard_platform.services.scheduler.policy.fairshare import FairShare, size_levels
+from trainyard_platform.services.scheduler.policy.fairshare import (
+    FairShare,
+    class_levels,
+    size_levels,
+)
 from trainyard_platform.services.scheduler.policy.model import (
     DEFAULT_PRIORITY,
     Decisions,
@@ -134,8 +138,7 @@ class PolicyState:
         self.classes = {c.name: c for c in snapshot.priority_classes}
         self._borrowing = {c.name: c.preemptible for c in snapshot.priority_classes}
         """Class name -> whether its jobs may borrow (``borrows``; asked of every job)."""
-        values = sorted({c.value for c in snapshot.priority_classes} | {DEFAULT_PRIORITY.value})
-        self._level = {v: i for i, v in enumerate(values)}
+        self._level = class_levels(snapshot.priority_classes)
         self.quota = QuotaBook(snapshot.queues)
         by_flavor: dict[str, list[NodeSlot]] = {}
         for n in snapshot.nodes:

@@ -12,7 +12,8 @@ Contract:
   ``share - priority_level - waited / ageing_s``: each priority level counts as one whole fair
   share, and so does every ``ageing_s`` of waiting, so any job eventually outranks every
   younger one (no starvation). Within one queue the order is the same without the share term
-  (``queue_key``), which only depends on the job, never on the clock.
+  (``queue_key``), which only depends on the job, never on the clock. A priority class's
+  level is its rank among the classes' values (``class_levels``).
 """
 
 from __future__ import annotations
@@ -20,7 +21,11 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 
-from trainyard_platform.services.scheduler.policy.model import Queue
+from trainyard_platform.services.scheduler.policy.model import (
+    DEFAULT_PRIORITY,
+    PriorityClass,
+    Queue,
+)
 
 
 def decay_usage(
@@ -50,6 +55,13 @@ def size_levels(gpus: int, declared_runtime_s: float, size_weight: float) -> flo
         return 0.0
     gpu_hours = max(gpus * declared_runtime_s, 60.0) / 3600.0
     return size_weight * math.log10(gpu_hours)
+
+
+def class_levels(classes: Iterable[PriorityClass]) -> dict[int, int]:
+    """Each priority value's level: its rank among the values of ``classes`` and of
+    ``DEFAULT_PRIORITY`` (0 the lowest), what ``queue_key`` counts one ``ageing_s`` per."""
+    values = sorted({c.value for c in classes} | {DEFAULT_PRIORITY.value})
+    return {v: i for i, v in enumerate(values)}
 
 
 def queue_key(

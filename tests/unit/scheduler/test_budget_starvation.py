@@ -101,3 +101,42 @@ def test_jobs_behind_an_aged_job_are_told_what_they_wait_for() -> None:
     # The large job itself is told what it waits for: the running job's end.
     assert "is reserved by jobs before it" in notes["big"].reason
     assert "kept for" not in notes["big"].reason
+
+
+def simulate_high_stream(passes: int) -> list[list[str]]:
+    """As ``simulate``, but the small job arriving before each pass is of class ``high``,
+    two levels above the large ``normal`` job: the start order of its budget puts each
+    before the large job until the large one has waited an ageing (1 h) longer than it."""
+    big = waiting("big", "qa", gpus=4, seq=1, submitted_at=NOW - timedelta(minutes=10), **TEAM)
+    big["priority_class"] = "normal"
+    pending = [big]
+    on = [("s0", NOW - timedelta(minutes=30))]
+    started: list[list[str]] = []
+    for k in range(passes):
+        now = NOW + timedelta(minutes=30 * k)
+        on = [(j, at) for j, at in on if at + timedelta(hours=1) > now]
+        pending.append({**small(k + 1, now - timedelta(minutes=1)), "priority_class": "high"})
+        snapshot_rows = rows(
+            budgets=[reserving_budget("team-a", amount="10.000000")],
+            queues=[queue("qa", "team-a", "c1"), queue(implicit_queue_z(), "team-z", True)],
+            pending=pending,
+            running=[running(j, at) for j, at in on],
+        )
+        built = build_snapshot(snapshot_rows, now, HALF_LIFE)
+        placed = sorted(p.job_id for p in schedule(built.snapshot, PolicyConfig()).placements)
+        started.append(placed)
+        pending = [j for j in pending if j["job_id"] not in placed]
+        on += [(j, now) for j in placed]
+    return started
+
+
+def test_a_stream_of_later_higher_class_jobs_does_not_starve_a_large_job() -> None:
+    # Before, the budget's start order was class, then arrival: every new high job went
+    # before the large normal one, fit beside the one still running (5.00 of 10.00), and
+    # the large job, needing all 10.00, never found the budget free however long it waited.
+    started = simulate_high_stream(8)
+    assert ["big"] in started
+    # A high job submitted over an hour after it (the third, at 59 min) goes after it in
+    # the order; it has waited its ageing by then and keeps its room, so the third waits,
+    # and the large job starts once the second's hour is up.
+    assert started[:4] == [["s1"], ["s2"], [], ["big"]]
