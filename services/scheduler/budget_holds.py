@@ -342,7 +342,8 @@ class _Parsed:
     prices: Mapping[str, Prices]
     """Per flavor with a rate (a falsy rate is none: reserved 0, as ``hourly`` says)."""
     spent_at: datetime | None = None
-    """When ``spent`` was measured, when billing said it and which allocations it counts."""
+    """When ``spent`` was measured; None when the state does not say it together with the
+    allocations it counts (each running job is then reserved whole)."""
     accruing: frozenset[str] | str = frozenset()
     """The running allocations whose cost up to ``spent_at`` is in ``spent`` (or
     ``ALL_RUNNING``)."""
