@@ -5,10 +5,12 @@ states come in."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import asyncpg
 import pytest
 
-from trainyard_platform.shared.budget_states import FIELDS, keep
+from trainyard_platform.shared.budget_states import FIELDS, OPTIONAL, keep
 from trainyard_platform.shared.events.payloads import BudgetUpdated
 
 pytestmark = pytest.mark.integration
@@ -86,3 +88,25 @@ async def test_a_replica_keeps_only_the_fields_it_names(pool: asyncpg.Pool) -> N
                 await keep(conn, table, state(6), names)
     row = await pool.fetchrow("SELECT deleted, revision FROM narrow")
     assert row is not None and (row["deleted"], row["revision"]) == (True, 4)
+
+
+async def test_the_optional_fields_are_kept_as_json_and_an_instant(pool: asyncpg.Pool) -> None:
+    """``rates`` and ``accruing`` in ``jsonb`` columns, ``spent_at`` in a ``timestamptz``
+    one; a state without them keeps nulls (a state said before they existed)."""
+    extra = "rates jsonb, spent_at timestamptz, accruing jsonb,"
+    await pool.execute(f"CREATE TABLE wide ({COLUMNS.format(extra=extra)})")
+    names = tuple(f for f in (*FIELDS, *OPTIONAL) if f != "on_exhausted")
+    at = datetime(2026, 12, 7, 8, 30, 0, 123456, tzinfo=UTC)
+    said = state(2, spent_at=at, accruing=["a-1", "a-2"], rates={"a100": {"gpu_hour": "2.5"}})
+    async with pool.acquire() as conn:
+        assert await keep(conn, "wide", said, names) is True
+        row = await conn.fetchrow("SELECT rates, spent_at, accruing FROM wide")
+        assert row is not None
+        assert dict(row) == {
+            "rates": {"a100": {"gpu_hour": "2.5", "cpu_hour": "0", "memory_gib_hour": "0"}},
+            "spent_at": at,
+            "accruing": ["a-1", "a-2"],
+        }
+        assert await keep(conn, "wide", state(3), names) is True
+        row = await conn.fetchrow("SELECT rates, spent_at, accruing FROM wide")
+        assert row is not None and tuple(row) == (None, None, None)
