@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -128,10 +128,55 @@ class SnapshotRows:
 
 
 @dataclass(frozen=True)
+class BudgetFit:
+    """How a pass weighs the queued jobs of budgets that reserve (``budget_holds.fit``),
+    with what it read: ``unfit(candidates)`` is that step of ``build_snapshot``, for any
+    candidates (the arrival fast path runs it again for one team's, ``fast_path``)."""
+
+    at: datetime
+    """The pass's clock (``now``: which jobs have waited ``ageing_s``)."""
+    ageing_s: float
+    ready_gpus: Mapping[str, int]
+    """Per flavor, the ready uncordoned GPUs (filled only when a budget reserves)."""
+    levels: Mapping[str, int]
+    """Per priority class name, its level (``fairshare.class_levels``)."""
+    running: Mapping[str, Sequence[Row]]
+    reserves: Reserves
+
+    def unfit(self, candidates: Iterable[Row]) -> dict[str, Unfit]:
+        """The ``candidates`` (known class, eligible, not held) that wait for a budget, by
+        id: those a ready node can hold, in the order they would start (the comment in
+        ``build_snapshot``), through ``fit``."""
+        ageing = max(self.ageing_s, 1e-9)  # as the policy's pass divides by it
+        levels, ready = self.levels, self.ready_gpus
+        return fit(
+            sorted(
+                (c for c in candidates if c["gpus"] <= ready.get(c["gpu_flavor"], 0)),
+                key=lambda r: queue_key(
+                    to_epoch(r["submitted_at"]),
+                    levels[r["priority_class"]],
+                    r["seq"],
+                    r["job_id"],
+                    ageing,
+                ),
+            ),
+            self.running,
+            self.reserves,
+            self.at,
+            self.ageing_s,
+        )
+
+
+@dataclass(frozen=True)
 class Built:
     """A snapshot and what the service keeps beside it for applying the decisions."""
 
     snapshot: Snapshot
+    candidates: tuple[Row, ...] = ()
+    """Queued jobs of a known class, eligible and held by no spent budget: those a budget
+    that reserves weighs (``fitting``)."""
+    fitting: BudgetFit | None = None
+    """The reservation step of the pass, to run again for arrivals (``fast_path``)."""
     held_back: tuple[Row, ...] = ()
     """Queued jobs kept from the policy: their priority class does not exist."""
     backing_off: tuple[Row, ...] = ()
@@ -199,31 +244,17 @@ def build_snapshot(
     # the policy's ageing keeps its room from the jobs after it, so it is not starved by a
     # stream of smaller ones (``fit``).
     reserves = reserving(rows.budgets, now)
-    value = {c.name: c.value for c in classes}
-    levels = class_levels(classes)
-    ageing = max(ageing_s, 1e-9)  # as the policy's pass divides by it
     ready_gpus: dict[str, int] = {}
     if reserves:
         for n in rows.nodes:
             if not n.get("cordoned"):
                 flavor = n["gpu_flavor"]
                 ready_gpus[flavor] = ready_gpus.get(flavor, 0) + n["gpu_count"]
-    unfit = fit(
-        sorted(
-            (c for c in candidates if c["gpus"] <= ready_gpus.get(c["gpu_flavor"], 0)),
-            key=lambda r: queue_key(
-                to_epoch(r["submitted_at"]),
-                levels[value[r["priority_class"]]],
-                r["seq"],
-                r["job_id"],
-                ageing,
-            ),
-        ),
-        by_job,
-        reserves,
-        now,
-        ageing_s,
+    levels = class_levels(classes)
+    fitting = BudgetFit(
+        now, ageing_s, ready_gpus, {c.name: levels[c.value] for c in classes}, by_job, reserves
     )
+    unfit = fitting.unfit(candidates) if reserves else {}
     for j in candidates:
         if j["job_id"] in unfit:
             budget_held.append(j)
@@ -244,6 +275,8 @@ def build_snapshot(
     )
     return Built(
         snapshot=snapshot,
+        candidates=tuple(candidates),
+        fitting=fitting,
         held_back=tuple(held),
         backing_off=tuple(backing_off),
         budget_held=tuple(budget_held),

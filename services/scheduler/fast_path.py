@@ -21,7 +21,9 @@ Contract:
   when news (``convert.note_changed``), as a pass publishes them. It returns False when any
   of them needs a whole pass (not isolated, an unknown queue or priority class, a queue
   with jobs held back from the policy, a job a spent budget holds, a job of a budget that
-  reserves, ``budget_holds.fit``, which a pass weighs with the jobs before it): nothing is published
+  reserves that would wait for it or change what another of its team's jobs waits for:
+  the pass's reservation step, ``convert.BudgetFit``, is run again at the kept clock over
+  its team's queued jobs with it, and must hold exactly those it held): nothing is published
   then and ``kept`` must be
   forgotten (it may hold some of the jobs); the caller runs a pass. A note of a job a
   spent budget lowered says so first, worded as a pass words it (``convert.lowered_note``,
@@ -72,6 +74,10 @@ class Kept:
     rows were read (the pass's news, then the fast path's)."""
     arrivals: int = 0
     """Jobs this kept pass decided (``decide_arrivals``)."""
+    weighed: list[Row] = field(default_factory=list)
+    """The rows of the jobs of budgets that reserve this kept pass decided: with the pass's
+    own candidates (``result.built.candidates``), what the next such arrival is weighed
+    with (``_fits_as_before``)."""
     rows: dict[str, Row] = field(default_factory=dict)
     """While a spent budget lowers new jobs, the rows of the jobs this kept pass decided, read
     at their arrival: with the pass's own (``result.built.pending``), what a note of a
@@ -143,11 +149,16 @@ async def decide_arrivals(
             return False
         if built.holds and hold_of(row["team"], row["project"], built.holds) is not None:
             return False  # a spent budget holds it: a pass tells it so
-        if built.reserves and reserves_for(row["team"], row["project"], built.reserves):
-            return False  # its budget reserves: a pass weighs it with the jobs before it
+        reserved = bool(
+            built.reserves and reserves_for(row["team"], row["project"], built.reserves)
+        )
+        if reserved and not _fits_as_before(kept, row):
+            return False  # it waits for its budget, or moves what others wait for: a pass
         told = decide(kept, job) if row["eligible_at"] is None else None
         if told is None:
             return False
+        if reserved:
+            kept.weighed.append(row)
         if built.lowers:
             kept.rows[job_id] = row
             if not _say_lowered(kept, told):
@@ -162,6 +173,23 @@ async def decide_arrivals(
     kept.published.update(news)
     kept.arrivals += len(job_ids)
     return True
+
+
+def _fits_as_before(kept: Kept, row: Row) -> bool:
+    """Whether ``row``, an arrival of a team whose budget reserves, leaves the pass's
+    reservations as they were: the reservation step (``convert.BudgetFit``) run again at the
+    kept pass's clock over its team's candidates (the pass's and those decided since) with
+    ``row`` holds none of them but those it held, each for the same reason, and not
+    ``row``. A pass would then give the policy the same jobs and ``row``, so ``decide`` is
+    exact for it. Budgets are a team's (its own and its projects'): other teams' jobs weigh
+    nothing here."""
+    built = kept.result.built
+    if built.fitting is None:
+        return False
+    team = row["team"]
+    mates = [c for c in (*built.candidates, *kept.weighed) if c.get("team", "") == team]
+    before = {i: u for i, u in built.unfit.items() if built.pending[i].get("team", "") == team}
+    return built.fitting.unfit([*mates, row]) == before
 
 
 def _say_lowered(kept: Kept, notes: dict[str, PendingNote]) -> bool:

@@ -27,9 +27,11 @@ from trainyard_platform.services.scheduler.service import NAME, SUBJECTS
 from trainyard_platform.shared.bus import Bus
 from trainyard_platform.shared.events.payloads import (
     AllocationGranted,
+    BudgetUpdated,
     JobCancelRequested,
     JobFailed,
     JobPending,
+    ReservationRates,
     RunnerHeartbeat,
 )
 from trainyard_platform.shared.identity import operator_token_principal
@@ -350,3 +352,55 @@ async def test_an_arrival_of_a_team_whose_spent_budget_lowers_it_is_decided_by_t
             told.estimated_start,
         )
     assert len(scheduler.events(JobPending, lambda p: p.job_id in ("c", "d"))) == 2
+
+
+async def test_an_arrival_of_a_team_whose_budget_reserves_is_decided_by_the_fast_path(
+    scheduler_with: Tuned,
+) -> None:
+    # Seen: every arrival of a team with a budget that reserves cost a whole pass, and sent
+    # the whole batch it came in (every team's arrivals) to it. One that leaves the
+    # budget's reservations as they were (it fits, and holds no other job of its team) is
+    # decided like any other; one that waits for its budget still gets a pass.
+    scheduler, work = await _quota_filled_by_a(scheduler_with)
+    now = datetime.now(UTC)
+    reserving = BudgetUpdated(
+        team="vision",
+        month=f"{now.year:04d}-{now.month:02d}",
+        amount="100.000000",
+        spent="0.000000",
+        currency="USD",
+        policy="refuse",
+        exhausted=False,
+        revision=1,
+        rates={"cpu": ReservationRates(gpu_hour="2.5")},
+    )
+    await scheduler.send(reserving, "vision")
+    await scheduler.submit("b", gpus=2)  # 5.00 at worst, beside a's 5.00
+    (b,) = await scheduler.wait_for(JobPending, lambda p: p.job_id == "b")
+    assert (b.position, b.blocking) == (1, "a")
+    await until(lambda: work.passes.idle_with_kept_pass)
+    passes, fast = work.passes.passes, work.passes.fast_arrivals
+
+    # "c" fits too (15.00 of 100.00) and can only wait behind "b": the fast path tells it.
+    await scheduler.submit("c", gpus=2, priority="low")
+    (c,) = await scheduler.wait_for(JobPending, lambda p: p.job_id == "c")
+    assert (c.position, c.blocking) == (2, "a")
+    assert c.reason.startswith("queue q uses 2 of its 2 cpu quota")
+    assert (work.passes.passes, work.passes.fast_arrivals) == (passes, fast + 1)
+
+    # A full pass over the same state agrees: nothing about "c" is news to it.
+    await work.passes.run_once()
+    row = await scheduler.pool.fetchrow(
+        "SELECT pending_reason, pending_position, pending_blocking, pending_suggestion, "
+        "pending_estimated_start FROM jobs WHERE job_id = 'c'"
+    )
+    assert tuple(row) == (c.reason, c.position, c.blocking, c.suggestion, c.estimated_start)
+    assert len(scheduler.events(JobPending, lambda p: p.job_id == "c")) == 1
+
+    # "d" (100.00 at worst: 20 h) does not fit beside them: a pass decides it and tells why.
+    await until(lambda: work.passes.idle_with_kept_pass)
+    passes = work.passes.passes
+    await scheduler.submit("d", gpus=2, priority="low", max_runtime_seconds=72000)
+    (d,) = await scheduler.wait_for(JobPending, lambda p: p.job_id == "d")
+    assert "cannot cover this job's worst case (100.000000 USD" in d.reason
+    assert work.passes.passes > passes
