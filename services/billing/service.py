@@ -21,6 +21,7 @@ from trainyard_platform.shared.access import guard_for
 from trainyard_platform.shared.bus import Bus
 from trainyard_platform.shared.db import migrate, open_pool, ping
 from trainyard_platform.shared.deadletters import deadletter_routes
+from trainyard_platform.shared.events.payloads import MAX_PRICED_FLAVORS
 from trainyard_platform.shared.inbox import idempotent
 from trainyard_platform.shared.outbox import OutboxRelay
 from trainyard_platform.shared.retention import Retention
@@ -37,13 +38,22 @@ async def seed_prices(pool: asyncpg.Pool, settings: Settings) -> None:
     """Give the configured prices, from the beginning, to flavors the price book has no
     price for (see ``Settings.prices``); prices already there are kept. ``StartupRefused``
     (one line: ``prices.currency_refusal``) when the book or the budgets hold another
-    currency than ``settings.currency``: the setting changed on a running installation."""
+    currency than ``settings.currency``: the setting changed on a running installation, or
+    when the flavors it would price take the book past ``MAX_PRICED_FLAVORS`` (nothing is
+    seeded then; the price API keeps the bound too)."""
     book = PriceBook.from_settings(settings.prices, settings.currency)
     async with pool.acquire() as conn, conn.transaction():
         refusal = currency_refusal(settings.currency, *await catalogue.currencies(conn))
         if refusal is not None:
             raise StartupRefused(refusal)
         seeded = await catalogue.seed_prices(conn, book.prices.values(), datetime.now(UTC))
+        flavors = await catalogue.priced_flavors(conn)
+        if seeded and flavors > MAX_PRICED_FLAVORS:
+            raise StartupRefused(
+                f"TRAINYARD_BILLING_PRICES would price {seeded} new flavors, {flavors} in all: "
+                f"the price book holds at most {MAX_PRICED_FLAVORS} (each budget that reserves "
+                "says the rates of every one in one event); list fewer new flavors"
+            )
     if seeded:
         log.info("price book: %d flavors priced from the settings", seeded)
 

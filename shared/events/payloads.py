@@ -738,6 +738,7 @@ class FlavorRetired(Payload):
 
 
 RATE_PATTERN = r"^\d{1,10}(\.\d{1,6})?$"
+MAX_PRICED_FLAVORS = 1000
 
 
 class ReservationRates(BaseModel):
@@ -782,7 +783,7 @@ class BudgetUpdated(Payload):
     on_exhausted: BudgetOnExhausted = "finish"
     """What the scheduler does with the budget's running jobs while it is exhausted (absent
     from a state said before the field existed: ``finish``)."""
-    rates: dict[str, ReservationRates] | None = Field(default=None, max_length=1000)
+    rates: dict[str, ReservationRates] | None = Field(default=None, max_length=MAX_PRICED_FLAVORS)
     """Per priced flavor, what a job of it is reserved at (``ReservationRates``), for a
     budget whose spent state holds queued jobs: the scheduler starts a job of its team (or
     project) only while its worst case fits in what is left (docs/scheduling.md, "Budgets

@@ -27,8 +27,10 @@ from trainyard_platform.services.billing.api import create_app
 from trainyard_platform.services.billing.budgets import month_start
 from trainyard_platform.services.billing.handlers import BillingHandlers
 from trainyard_platform.shared.access import service_guard
+from trainyard_platform.shared.bus import DEFAULT_MAX_PAYLOAD
 from trainyard_platform.shared.events import Envelope, Payload, parse_envelope
 from trainyard_platform.shared.events.payloads import (
+    MAX_PRICED_FLAVORS,
     AllocationReleased,
     BudgetThresholdCrossed,
     BudgetUpdated,
@@ -1013,3 +1015,60 @@ async def test_a_price_change_reads_the_book_once_for_every_budget_that_reserves
     assert reads == 1
     *_, said = await _states(pool, "vision")
     assert said.rates is not None and said.rates["a100"].gpu_hour == "2.5"
+
+
+async def _fill_book(pool: asyncpg.Pool, flavors: int) -> None:
+    """Price flavors until the book has ``flavors`` of them, each with the longest name and
+    the dearest prices a rate says (the largest ``budget.updated`` a book of that size
+    makes)."""
+    have = await pool.fetchval("SELECT count(DISTINCT flavor) FROM prices")
+    dearest = Decimal("9999999999.999999")
+    rows = [(f"f{i:039d}", dearest) for i in range(flavors - have)]
+    await pool.executemany(
+        "INSERT INTO prices (flavor, effective_from, price_per_gpu_hour, currency, set_by, "
+        "recorded_at) VALUES ($1, '1970-01-01Z', $2, 'USD', 'test', now())",
+        rows,
+    )
+    for resource in ("cpu", "memory"):
+        await pool.executemany(
+            "INSERT INTO resource_prices (flavor, resource, effective_from, price_per_unit_hour, "
+            "currency, set_by, recorded_at) "
+            f"VALUES ($1, '{resource}', '1970-01-01Z', $2, 'USD', 'test', now())",
+            rows,
+        )
+
+
+async def test_a_book_at_its_bound_is_said_whole_and_a_flavor_past_it_is_refused(
+    pool: asyncpg.Pool, client: httpx.AsyncClient
+) -> None:
+    """A budget that reserves says the rates of every priced flavor: a book of
+    ``MAX_PRICED_FLAVORS`` flavors, the dearest and longest-named, is said whole, in an
+    event that fits the bus's default ``max_payload``; the price API refuses to price one
+    more flavor (422 naming ``flavor``), rather than take a price that would leave every
+    budget that reserves unsaid (and its bills failing)."""
+    await _fill_book(pool, MAX_PRICED_FLAVORS)
+    put = await client.put(
+        "/v1/budgets/ml", json={"amount": "1000", "policy": "refuse"}, headers=ML_ADMIN
+    )
+    assert put.status_code == 201, put.text
+    (said,) = await _states(pool, "ml")
+    assert said.rates is not None and len(said.rates) == MAX_PRICED_FLAVORS
+    body = await pool.fetchval(
+        "SELECT body FROM outbox WHERE event_id = $1", f"budget:ml::{said.revision}"
+    )
+    assert len(body) < DEFAULT_MAX_PAYLOAD // 2
+
+    at = datetime.now(UTC)
+    await feed(
+        pool, catalogue_event(FlavorDeclared(name="b300", revision=1, declared_at=at), "b300")
+    )
+    refused = await client.put(
+        "/v1/prices/b300", json={"price_per_gpu_hour": "9"}, headers=OPERATOR
+    )
+    assert "1000 flavors" in errors(refused)["flavor"]
+    assert await catalogue.price_rows(pool, "b300") == []  # type: ignore[arg-type]
+    # A flavor of the book is priced again as ever.
+    repriced = await client.put(
+        "/v1/prices/a100", json={"price_per_gpu_hour": "3"}, headers=OPERATOR
+    )
+    assert repriced.status_code == 201, repriced.text
