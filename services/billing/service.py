@@ -8,6 +8,7 @@ from pathlib import Path
 
 import asyncpg
 
+from trainyard_platform.services.billing import budget_watch
 from trainyard_platform.services.billing import catalogue_repository as catalogue
 from trainyard_platform.services.billing import ledger_repository as ledger
 from trainyard_platform.services.billing.api import create_app
@@ -58,6 +59,17 @@ async def seed_prices(pool: asyncpg.Pool, settings: Settings) -> None:
         log.info("price book: %d flavors priced from the settings", seeded)
 
 
+async def say_budgets(pool: asyncpg.Pool) -> None:
+    """Say every budget's state again (``budget_watch.every_budget``), once per start, in
+    one transaction: a replica's rows kept before it gained a field (submission's and the
+    scheduler's ``rates``) hold it once the outbox relays these, with no bill or change
+    needed. Each is said with the next revision, so no replica drops it as old."""
+    async with pool.acquire() as conn, conn.transaction():
+        said = await budget_watch.every_budget(conn, datetime.now(UTC))
+    if said:
+        log.info("budgets: the state of %d said again at start", said)
+
+
 async def ensure_rollups(database: DatabaseSettings) -> None:
     """Build the rollups from the ledger when they are stale (``ledger.rollups_stale``: the
     ledger has entries and they have none, the first start after the migration that turned
@@ -83,6 +95,7 @@ async def serve(settings: Settings) -> int:
         pool = await rt.open_pool(settings.database, NAME)
         await migrate(pool, NAME, MIGRATIONS)
         await seed_prices(pool, settings)
+        await say_budgets(pool)
         await ensure_rollups(settings.database)
         bus = await rt.resources.enter_async_context(Bus.connect(settings.nats, NAME))
         rt.add_readiness_check("database", lambda: ping(pool))

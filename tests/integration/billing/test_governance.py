@@ -26,6 +26,7 @@ from trainyard_platform.services.billing import ledger_repository as ledger_repo
 from trainyard_platform.services.billing.api import create_app
 from trainyard_platform.services.billing.budgets import month_start
 from trainyard_platform.services.billing.handlers import BillingHandlers
+from trainyard_platform.services.billing.service import say_budgets
 from trainyard_platform.shared.access import service_guard
 from trainyard_platform.shared.bus import DEFAULT_MAX_PAYLOAD
 from trainyard_platform.shared.events import Envelope, Payload, parse_envelope
@@ -1072,3 +1073,44 @@ async def test_a_book_at_its_bound_is_said_whole_and_a_flavor_past_it_is_refused
         "/v1/prices/a100", json={"price_per_gpu_hour": "3"}, headers=OPERATOR
     )
     assert repriced.status_code == 201, repriced.text
+
+
+async def test_billing_says_every_budget_again_at_start_with_the_next_revision(
+    pool: asyncpg.Pool, client: httpx.AsyncClient
+) -> None:
+    """A replica's rows kept before it gained ``rates`` (submission's migration 0012, the
+    scheduler's 0013) reserve nothing until billing says the budget again: billing says every
+    budget's state at start, as it is, each with a revision above all said before (a replica
+    keeps it) and the rates of a budget that reserves; a deleted budget is not said again."""
+    for path, body, headers in (
+        ("/v1/budgets/ml", {"amount": "1000", "policy": "refuse"}, ML_ADMIN),
+        ("/v1/budgets/ml/nlp", {"amount": "50", "on_exhausted": "stop"}, ML_ADMIN),
+        ("/v1/budgets/vision", {"amount": "1000"}, OPERATOR_USER),
+        ("/v1/budgets/vision/gone", {"amount": "10"}, OPERATOR_USER),
+    ):
+        put = await client.put(path, json=body, headers=headers)
+        assert put.status_code == 201, put.text
+    gone = await client.delete("/v1/budgets/vision/gone", headers=OPERATOR_USER)
+    assert gone.status_code == 204, gone.text
+    before = {
+        (s.team, s.project): s for s in await _states(pool, "ml") + await _states(pool, "vision")
+    }
+    highest = max(s.revision for s in before.values())
+
+    await say_budgets(pool)
+
+    after = [
+        s for s in await _states(pool, "ml") + await _states(pool, "vision") if s.revision > highest
+    ]
+    assert sorted((s.team, s.project or "") for s in after) == [
+        ("ml", ""),
+        ("ml", "nlp"),
+        ("vision", ""),
+    ]
+    for state in after:
+        old = before[(state.team, state.project)]
+        assert state.model_dump(exclude={"revision"}) == old.model_dump(exclude={"revision"})
+    assert {(s.project, s.rates is not None) for s in after if s.team == "ml"} == {
+        (None, True),
+        ("nlp", True),
+    }
