@@ -25,9 +25,9 @@ Contract:
   it is exhausted (spent >= amount), its policy and ``on_exhausted``, with the next budget
   revision; for a budget the scheduler reserves against, the ``rates`` it reserves at (the
   book's highest prices per hour from ``now`` on). ``reserving(conn, now)`` says again the
-  state of every such budget, in a price change's transaction; ``every_budget(conn, now)``
-  says again the state of every budget (at billing's start, so replicas converge after an
-  upgrade without waiting for a change or a bill).
+  state of every such budget, in a price change's transaction; ``say_again(conn, budgets,
+  now)`` says again the state of each of ``budgets`` (at billing's start, every budget, so
+  replicas converge after an upgrade without waiting for a change or a bill).
 - Every transaction that says a budget's state holds the budget's scope
   (``budgets_repository.lock``) from before it reads the budget until it commits: a bill,
   a change or deletion through the API, the accrual check. So states are said in turns,
@@ -38,7 +38,7 @@ Contract:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from decimal import ROUND_CEILING, Decimal
 
@@ -244,22 +244,14 @@ async def reserving(conn: asyncpg.Connection, now: datetime) -> None:
     """Say again the state of every budget the scheduler reserves against (``reserves``),
     after a change of the price book: the rates it reserves at are the book's. In the
     change's transaction, holding each budget's scope (in turns with bills)."""
-    await _say_again(conn, now, reserves)
+    await say_again(conn, [b for b in await repo.of_teams(conn, None) if reserves(b)], now)
 
 
-async def every_budget(conn: asyncpg.Connection, now: datetime) -> int:
-    """Say again the state of every budget, as it is now (billing's start: a replica that
-    gained a field since, such as ``rates``, holds it from then on without waiting for a
-    change or a bill); return how many were said. Each state is the budget's current one
-    with the next revision, so every replica keeps it, and nothing said after it is older."""
-    return await _say_again(conn, now, lambda _: True)
-
-
-async def _say_again(
-    conn: asyncpg.Connection, now: datetime, which: Callable[[Budget], bool]
-) -> int:
-    """Say the state of each budget ``which`` keeps, holding their scopes, the book read once."""
-    budgets = [b for b in await repo.of_teams(conn, None) if which(b)]
+async def say_again(conn: asyncpg.Connection, budgets: Sequence[Budget], now: datetime) -> int:
+    """Say again the state of each of ``budgets`` that still exists (as it is now, read
+    under its scope, which is held until the transaction ends: in turns with bills), the
+    book read once for all; return how many were said. Each is said with the next
+    revision, so every replica keeps it, and nothing said after it is older."""
     if not budgets:
         return 0
     await repo.lock(conn, [(b.team, b.project) for b in budgets])
@@ -267,7 +259,7 @@ async def _say_again(
     count = 0
     for budget in budgets:
         current = await repo.get(conn, budget.team, budget.project)
-        if current is not None and which(current):
+        if current is not None:
             await say_state(conn, current, now, rates_now=said)
             count += 1
     return count

@@ -9,6 +9,7 @@ from pathlib import Path
 import asyncpg
 
 from trainyard_platform.services.billing import budget_watch
+from trainyard_platform.services.billing import budgets_repository as budgets_repo
 from trainyard_platform.services.billing import catalogue_repository as catalogue
 from trainyard_platform.services.billing import ledger_repository as ledger
 from trainyard_platform.services.billing.api import create_app
@@ -59,13 +60,25 @@ async def seed_prices(pool: asyncpg.Pool, settings: Settings) -> None:
         log.info("price book: %d flavors priced from the settings", seeded)
 
 
-async def say_budgets(pool: asyncpg.Pool) -> None:
-    """Say every budget's state again (``budget_watch.every_budget``), once per start, in
-    one transaction: a replica's rows kept before it gained a field (submission's and the
-    scheduler's ``rates``) hold it once the outbox relays these, with no bill or change
-    needed. Each is said with the next revision, so no replica drops it as old."""
-    async with pool.acquire() as conn, conn.transaction():
-        said = await budget_watch.every_budget(conn, datetime.now(UTC))
+SAY_AT_START_BATCH = 100
+"""How many budgets one transaction of ``say_budgets`` says (and holds the scopes of)."""
+
+
+async def say_budgets(pool: asyncpg.Pool, batch: int = SAY_AT_START_BATCH) -> None:
+    """Say every budget's state again (``budget_watch.say_again``), once per start, a
+    ``batch`` of budgets per transaction (each holds its budgets' scopes: a bounded number of
+    locks, and bills wait for one batch at most): a replica's rows kept before it gained a
+    field (submission's and the scheduler's ``rates``) hold it once the outbox relays these,
+    with no bill or change needed. Each is said with the next revision, so no replica drops
+    it as old."""
+    said, after = 0, None
+    while True:
+        async with pool.acquire() as conn, conn.transaction():
+            page = await budgets_repo.of_teams(conn, None, limit=batch, after=after)
+            said += await budget_watch.say_again(conn, page, datetime.now(UTC))
+        if len(page) < batch:
+            break
+        after = (page[-1].team, page[-1].project or "")
     if said:
         log.info("budgets: the state of %d said again at start", said)
 

@@ -1097,7 +1097,7 @@ async def test_billing_says_every_budget_again_at_start_with_the_next_revision(
     }
     highest = max(s.revision for s in before.values())
 
-    await say_budgets(pool)
+    await say_budgets(pool, batch=2)  # in two transactions: 2 budgets, then 1
 
     after = [
         s for s in await _states(pool, "ml") + await _states(pool, "vision") if s.revision > highest
