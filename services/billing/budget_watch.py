@@ -57,6 +57,7 @@ from trainyard_platform.services.billing.ledger import LedgerEntry
 from trainyard_platform.shared import outbox
 from trainyard_platform.shared.events import Envelope, Payload
 from trainyard_platform.shared.events.payloads import (
+    MAX_PRICED_FLAVORS,
     BudgetThresholdCrossed,
     BudgetUpdated,
     ReservationRates,
@@ -218,14 +219,28 @@ async def say_state(
 
 async def rates(conn: asyncpg.Connection, now: datetime) -> dict[str, ReservationRates]:
     """What the scheduler reserves a job of each priced flavor at (``ReservationRates``):
-    the highest GPU, CPU and memory prices per hour from ``now`` on."""
-    book = await catalogue.schedule(conn)
+    the highest GPU, CPU and memory prices per hour from ``now`` on. ``BookTooLarge`` when
+    there are more than ``MAX_PRICED_FLAVORS`` (a book priced past them before the price
+    API and the settings bounded it): no state can say them."""
+    highest = (await catalogue.schedule(conn)).highest_from(now)
+    if len(highest) > MAX_PRICED_FLAVORS:
+        raise BookTooLarge(
+            f"the price book has {len(highest)} flavors with a GPU price, more than the "
+            f"{MAX_PRICED_FLAVORS} a budget's rates can say: the state of a budget that "
+            "reserves (policy refuse, or on_exhausted stop) cannot be said until flavors "
+            "are taken out of billing's tables prices and resource_prices, or the budget "
+            "reserves no more"
+        )
     return {
         flavor: ReservationRates(
             gpu_hour=_text(gpu), cpu_hour=_text(cpu), memory_gib_hour=_text(mem)
         )
-        for flavor, (gpu, cpu, mem) in sorted(book.highest_from(now).items())
+        for flavor, (gpu, cpu, mem) in sorted(highest.items())
     }
+
+
+class BookTooLarge(ValueError):
+    """The price book has more flavors than a budget's ``rates`` can say (``rates``)."""
 
 
 _MICRO = Decimal("0.000001")
@@ -255,7 +270,8 @@ async def say_again(conn: asyncpg.Connection, budgets: Sequence[Budget], now: da
     if not budgets:
         return 0
     await repo.lock(conn, [(b.team, b.project) for b in budgets])
-    said = await rates(conn, now)  # one book for all: read once, not once per budget
+    # One book for all, read once, not once per budget (and not at all when none reserves).
+    said = await rates(conn, now) if any(reserves(b) for b in budgets) else None
     count = 0
     for budget in budgets:
         current = await repo.get(conn, budget.team, budget.project)

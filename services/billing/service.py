@@ -70,12 +70,18 @@ async def say_budgets(pool: asyncpg.Pool, batch: int = SAY_AT_START_BATCH) -> No
     locks, and bills wait for one batch at most): a replica's rows kept before it gained a
     field (submission's and the scheduler's ``rates``) hold it once the outbox relays these,
     with no bill or change needed. Each is said with the next revision, so no replica drops
-    it as old."""
+    it as old. A book priced past ``MAX_PRICED_FLAVORS`` (before it was bounded) is logged
+    at error level, naming what to do, and the start goes on."""
     said, after = 0, None
     while True:
         async with pool.acquire() as conn, conn.transaction():
             page = await budgets_repo.of_teams(conn, None, limit=batch, after=after)
-            said += await budget_watch.say_again(conn, page, datetime.now(UTC))
+            try:
+                said += await budget_watch.say_again(conn, page, datetime.now(UTC))
+            except budget_watch.BookTooLarge as exc:
+                # Billing still starts (bills of teams without such a budget go on), loudly;
+                # the budgets of this batch are not said again.
+                log.error("budgets: %d not said again at start: %s", len(page), exc)
         if len(page) < batch:
             break
         after = (page[-1].team, page[-1].project or "")

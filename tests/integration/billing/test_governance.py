@@ -1114,3 +1114,29 @@ async def test_billing_says_every_budget_again_at_start_with_the_next_revision(
         (None, True),
         ("nlp", True),
     }
+
+
+async def test_a_book_priced_past_its_bound_before_is_said_so_at_start(
+    pool: asyncpg.Pool, client: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A book priced past ``MAX_PRICED_FLAVORS`` before the bound (the settings seeded it):
+    no state of a budget that reserves can say its rates. Billing still starts, saying the
+    other budgets again, and logs at error level what it could not say and what to do."""
+    for path, body, headers in (
+        ("/v1/budgets/ml", {"amount": "1000", "policy": "refuse"}, ML_ADMIN),
+        ("/v1/budgets/vision", {"amount": "1000"}, OPERATOR_USER),
+    ):
+        put = await client.put(path, json=body, headers=headers)
+        assert put.status_code == 201, put.text
+    await _fill_book(pool, MAX_PRICED_FLAVORS + 1)
+    (vision,) = await _states(pool, "vision")
+
+    await say_budgets(pool, batch=1)
+
+    assert len(await _states(pool, "ml")) == 1
+    assert [s.revision > vision.revision for s in await _states(pool, "vision")] == [False, True]
+    (logged,) = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert logged.startswith(
+        f"budgets: 1 not said again at start: the price book has {MAX_PRICED_FLAVORS + 1} "
+        f"flavors with a GPU price, more than the {MAX_PRICED_FLAVORS}"
+    )
