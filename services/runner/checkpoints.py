@@ -459,12 +459,74 @@ def apply_retention(
     for _step, folder, uri in folders[: max(0, len(folders) - keep)]:
         if uri in protected:
             continue
-        # The manifest first: a checkpoint without one is incomplete, never half-deleted.
-        store.delete(f"{folder}/{MANIFEST_NAME}")
-        for key in store.list(f"{folder}/"):
-            store.delete(key)
+        delete_folder(store, folder)
         deleted += 1
     return deleted
+
+
+_LISTED = re.compile(r"^(step-(\d{8,})(?:-a(\d{4,}))?)/([^/]+)$")
+
+
+def prune_earlier_attempts(
+    store: ObjectStore, attempt: int, resumed: CheckpointRef, keep: int
+) -> int:
+    """At the start of attempt ``attempt``, once it has restored ``resumed`` (its grant's
+    checkpoint, verified: ``stage_resume``), delete the checkpoint folders of the job's
+    earlier attempts that it no longer needs; returns how many folders were deleted.
+
+    ``store`` is the job's own checkpoint prefix; only folders right under it named as
+    ``commit_staged`` names them (``step-<n>-a<attempt>``, or the older ``step-<n>``, of
+    attempt 0) are looked at. A folder is deleted when all of these hold:
+    - its attempt is lower than ``attempt`` (this attempt's own, and any later attempt's,
+      are never touched);
+    - its step is lower than ``resumed.step`` (the grant names the newest checkpoint the
+      job's allocations reported: an earlier attempt still alive during a failover, or one
+      whose late success is still to be registered, has its own latest checkpoint at that
+      step or beyond, and keeps it);
+    - it is not ``resumed``'s folder;
+    - it is not one of the ``keep - 1`` newest (by step, then attempt) of those folders
+      that have a manifest (``resumed`` counts as the first of the job's ``keep``). A folder
+      without a manifest was never reported committed, so no grant or registration can
+      name it: it is deleted and not counted.
+    Unlike ``apply_retention`` this reads the store's listing (nothing else says which
+    folders earlier attempts left, and an attempt that died never pruned its own). A
+    folder another node forged there can therefore take one of the ``keep - 1`` places, or
+    be deleted: it never protects or costs ``resumed`` or anything newer than it, and
+    every delete stays within the job's own prefix. A folder already gone (another pruner,
+    the registry's collector) is no error."""
+    if keep < 1:
+        raise ValueError(f"keep must be at least 1, not {keep}")
+    resumed_key = committed_key(store, resumed)
+    if resumed_key is None:
+        return 0
+    resumed_folder = resumed_key.rsplit("/", 1)[0]
+    folders: dict[str, tuple[int, int, bool]] = {}
+    for key in store.list("step-"):
+        match = _LISTED.match(key)
+        if match is None:
+            continue
+        folder, step, of = match.group(1), int(match.group(2)), int(match.group(3) or 0)
+        complete = match.group(4) == MANIFEST_NAME or folders.get(folder, (0, 0, False))[2]
+        folders[folder] = (step, of, complete)
+    earlier = [
+        (step, of, folder, complete)
+        for folder, (step, of, complete) in folders.items()
+        if of < attempt and step < resumed.step and folder != resumed_folder
+    ]
+    complete = sorted((step, of, folder) for step, of, folder, done in earlier if done)
+    kept = {folder for _, _, folder in complete[max(0, len(complete) - (keep - 1)) :]}
+    doomed = sorted(folder for _, _, folder, _ in earlier if folder not in kept)
+    for folder in doomed:
+        delete_folder(store, folder)
+    return len(doomed)
+
+
+def delete_folder(store: ObjectStore, folder: str) -> None:
+    """Delete one checkpoint folder of ``store``, its manifest first: a checkpoint without
+    one is incomplete to every reader, never half-deleted. Keys already gone are no error."""
+    store.delete(f"{folder}/{MANIFEST_NAME}")
+    for key in store.list(f"{folder}/"):
+        store.delete(key)
 
 
 def file_sha256(path: Path) -> str:

@@ -189,6 +189,8 @@ class JobRun:
             suffix=".jsonl",
         )
         self._sampler: asyncio.Task[None] | None = None
+        self._pruner: asyncio.Task[None] | None = None
+        """The prune of earlier attempts' checkpoints this attempt started with."""
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self._refused_connections = 0
@@ -279,6 +281,14 @@ class JobRun:
             raise
         self._shipper.start()
         self._metrics_shipper.start()
+        if self._resumed_from is not None:
+            # Beside the job, not before it: storage freed a little later is better than a
+            # start held up by the store.
+            self._pruner = background.start(
+                self._prune_earlier_attempts(self._resumed_from),
+                f"the checkpoint prune of allocation {self.job.allocation_id}",
+                self.job.job_id,
+            )
         if self._usage is not None and self._gpu_indices:
             self._sampler = background.start(
                 self._sample_usage(),
@@ -513,6 +523,8 @@ class JobRun:
         ]
         # In the store now: the node's disk does not keep every attempt's output.
         await asyncio.to_thread(remove_shipped, shipped)
+        if self._pruner is not None:
+            await self._pruner
         await self._retain_checkpoints()
         metrics = domain.end_metrics(
             self._last_metrics,
@@ -546,6 +558,27 @@ class JobRun:
                 )
                 self.request_stop(StopRequest("over_limit", why), kill_grace_s)
                 return
+
+    async def _prune_earlier_attempts(self, resumed: CheckpointRef) -> None:
+        """Delete the checkpoints of the job's earlier attempts this one no longer needs
+        (``checkpoints.prune_earlier_attempts``: older than ``resumed``, beyond the job's
+        ``checkpoints_keep``); a failure is logged, and the next attempt or the registry's
+        collector frees them."""
+        try:
+            deleted = await asyncio.to_thread(
+                checkpoints.prune_earlier_attempts,
+                self._checkpoint_store,
+                self.job.attempt,
+                resumed,
+                self._checkpoints_keep,
+            )
+        except Exception as exc:
+            log.warning(
+                "checkpoint prune of job %s's earlier attempts failed: %s", self.job.job_id, exc
+            )
+            return
+        if deleted:
+            log.info("job %s: deleted %d checkpoints of earlier attempts", self.job.job_id, deleted)
 
     async def _retain_checkpoints(self) -> None:
         protected = {
