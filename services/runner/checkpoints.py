@@ -376,6 +376,7 @@ def stage_resume(
     max_bytes: int | None = None,
     *,
     job_id: str = "",
+    attempt: int | None = None,
 ) -> CheckpointRef | None:
     """Download exactly the checkpoint ``ref`` names (the grant's ``resume``: what the job's
     own allocations reported committed) from ``store`` (the job's checkpoint prefix) into
@@ -388,7 +389,12 @@ def stage_resume(
     a byte is read; ``ResumeRefused`` when ``ref`` names no committed object of ``store``,
     when the object is missing, or when its size or sha256 is not ``ref``'s (no more than
     ``ref.size_bytes`` is read). A store that does not answer now raises as it is
-    (``bus.infrastructure_fault``)."""
+    (``bus.infrastructure_fault``).
+
+    ``attempt`` (the attempt resuming; None: none is marked): before the download, the
+    checkpoint's folder is marked resumed by it (``resumed_mark``), so that an earlier
+    attempt still running (a failover) never deletes it in its end's retention
+    (``apply_retention``); the mark goes again when the checkpoint is refused."""
     if ref is None:
         return None
     key = committed_key(store, ref)
@@ -397,15 +403,20 @@ def stage_resume(
     if max_bytes is not None and ref.size_bytes > max_bytes:
         raise ResumeTooLarge(ref.step, ref.size_bytes, max_bytes)
     local = staging / staged_folder(ref.step)
+    mark = None if attempt is None else f"{key.rsplit('/', 1)[0]}/{resumed_mark(attempt)}"
+    if mark is not None:
+        store.put_bytes(mark, b"")
     try:
         store.get_file(key, local / OBJECT_NAME, max_bytes=ref.size_bytes)
         size = (local / OBJECT_NAME).stat().st_size
         digest = file_sha256(local / OBJECT_NAME)
     except ObjectNotFound:
         shutil.rmtree(local, ignore_errors=True)
+        _unmark(store, mark)
         raise ResumeRefused(ref, "it is missing from the store (deleted since)") from None
     except ObjectTooLarge as exc:
         shutil.rmtree(local, ignore_errors=True)
+        _unmark(store, mark)
         raise ResumeRefused(
             ref,
             f"the store's object is {exc.size}, not the {ref.size_bytes} bytes the job "
@@ -416,6 +427,7 @@ def stage_resume(
         raise
     if (size, digest) != (ref.size_bytes, ref.sha256):
         shutil.rmtree(local, ignore_errors=True)
+        _unmark(store, mark)
         raise ResumeRefused(
             ref,
             f"the store's object is {size} bytes with sha256 {digest}, not the "
@@ -438,16 +450,46 @@ def stage_resume(
     return ref
 
 
+def resumed_mark(attempt: int) -> str:
+    """The name of the key, in a checkpoint's folder, that says attempt ``attempt`` resumed
+    from it (``stage_resume``; empty)."""
+    return f"resumed-a{attempt:04d}"
+
+
+_RESUMED_MARK = re.compile(r"^resumed-a(\d{4,})$")
+
+
+def _unmark(store: ObjectStore, mark: str | None) -> None:
+    if mark is not None:
+        store.delete(mark)
+
+
+def resumed_by_later(store: ObjectStore, folder: str, attempt: int) -> bool:
+    """Whether an attempt after ``attempt`` marked ``folder`` as the one it resumed from."""
+    for key in store.list(f"{folder}/"):
+        match = _RESUMED_MARK.match(key.rsplit("/", 1)[1])
+        if match is not None and int(match.group(1)) > attempt:
+            return True
+    return False
+
+
 def apply_retention(
-    store: ObjectStore, keep: int, own: Sequence[CheckpointRef], protected: set[str]
+    store: ObjectStore,
+    keep: int,
+    own: Sequence[CheckpointRef],
+    protected: set[str],
+    *,
+    attempt: int,
 ) -> int:
     """Delete all but the newest ``keep`` (by step) of ``own``, the checkpoints the job's
-    own attempts committed (the grant's resume ref, the ones this attempt saved), never one
-    whose object URI is in ``protected`` (the one the job resumed from, its last); returns
-    how many were deleted. The store's listing chooses nothing, as for ``stage_resume``:
-    any node can write any key, so folders another wrote (of later steps) neither push the
-    job's checkpoints out nor are deleted themselves; a ref that names no committed object
-    of ``store`` is skipped."""
+    own attempts committed (the grant's resume ref, the ones attempt ``attempt`` saved),
+    never one whose object URI is in ``protected`` (the one the job resumed from, its
+    last), nor one a later attempt marked as the one it resumed from (``stage_resume``:
+    this attempt was lost and went on, and the job runs again from it); returns how many
+    were deleted. The store's listing chooses nothing, as for ``stage_resume``: any node
+    can write any key, so folders another wrote (of later steps) neither push the job's
+    checkpoints out nor are deleted themselves; a ref that names no committed object of
+    ``store`` is skipped."""
     folders = sorted(
         {
             (ref.step, key.rsplit("/", 1)[0], ref.uri)
@@ -457,7 +499,7 @@ def apply_retention(
     )
     deleted = 0
     for _step, folder, uri in folders[: max(0, len(folders) - keep)]:
-        if uri in protected:
+        if uri in protected or resumed_by_later(store, folder, attempt):
             continue
         delete_folder(store, folder)
         deleted += 1

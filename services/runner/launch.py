@@ -284,6 +284,7 @@ def resume_from(
             staging,
             limit,
             job_id=grant.job_id,
+            attempt=grant.attempt,
         )
     except checkpoints.ResumeTooLarge as exc:
         raise JobInputError(

@@ -591,6 +591,7 @@ class JobRun:
                 self._checkpoints_keep,
                 [ref for ref in (self._resumed_from, *self._saved) if ref is not None],
                 protected,
+                attempt=self.job.attempt,
             )
         except Exception as exc:  # storage freed later is better than an outcome lost now
             log.warning("checkpoint retention of job %s failed: %s", self.job.job_id, exc)

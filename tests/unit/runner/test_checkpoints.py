@@ -19,6 +19,7 @@ from trainyard_platform.services.runner.checkpoints import (
     commit_staged,
     complete_folders,
     prune_earlier_attempts,
+    resumed_mark,
     stage_resume,
 )
 from trainyard_platform.shared.events.payloads import CheckpointRef
@@ -271,7 +272,7 @@ def test_retention_keeps_the_newest_and_protected_ones(tmp_path: Path) -> None:
         stage(staging, step, f"s{step}".encode())
         committed.append(commit_staged(staging, step, store, attempt=1))
     protected = {store.uri_for("step-00000001-a0001/checkpoint.pt")}
-    assert apply_retention(store, 2, committed, protected) == 3
+    assert apply_retention(store, 2, committed, protected, attempt=1) == 3
     assert [s for s, _, _ in complete_folders(store)] == [1, 5, 6]
     assert store.list("step-00000002") == []
 
@@ -408,7 +409,7 @@ def test_retention_chooses_among_the_jobs_own_checkpoints_never_forged_folders(
         stage(staging, step, b"forged")
         commit_staged(staging, step, store, attempt=9)
     protected = {resumed.uri, saved[-1].uri}
-    assert apply_retention(store, 2, [resumed, *saved], protected) == 1
+    assert apply_retention(store, 2, [resumed, *saved], protected, attempt=2) == 1
     steps = [s for s, _, _ in complete_folders(store)]
     assert steps == [1, 3, 4, *range(100, 106)]
     assert store.list("step-00000002") == []
@@ -505,3 +506,41 @@ def test_the_prune_deletes_nothing_for_a_resume_outside_the_prefix(tmp_path: Pat
     assert _folders(store) == ["step-00000001-a0001"]
     with pytest.raises(ValueError, match="keep must be at least 1"):
         prune_earlier_attempts(store, 2, elsewhere, keep=0)
+
+
+def test_a_lost_attempt_never_deletes_the_checkpoint_a_later_one_resumed_from(
+    tmp_path: Path,
+) -> None:
+    """Attempt 1 was lost after reporting step 2; attempt 2 resumed from it. Attempt 1 ran
+    on and saved three more, and its end's retention (keep 2) deleted step 2, the job's
+    only checkpoint the platform knew: attempt 2, preempted before saving, was followed by
+    an attempt refused for a missing checkpoint. The resuming attempt marks the folder,
+    and an earlier attempt's retention keeps a folder a later attempt marked."""
+    staging, store = tmp_path / "staging", LocalStore(tmp_path / "store")
+    saved = [_commit(store, staging, step, attempt=1) for step in (1, 2, 3, 4, 5)]
+    reported = saved[1]
+    assert stage_resume(store, reported, tmp_path / "resume", attempt=2) == reported
+    assert store.exists(f"step-00000002-a0001/{resumed_mark(2)}")
+
+    assert apply_retention(store, 2, saved, {saved[-1].uri}, attempt=1) == 2
+    assert _folders(store) == ["step-00000002-a0001", "step-00000004-a0001", "step-00000005-a0001"]
+    # Its own mark, or an earlier attempt's, protects nothing from an attempt's retention.
+    left = [saved[1], saved[3], saved[4]]
+    assert apply_retention(store, 1, left, {saved[-1].uri}, attempt=2) == 2
+    assert _folders(store) == ["step-00000005-a0001"]
+
+
+def test_a_refused_resume_leaves_no_mark(tmp_path: Path) -> None:
+    staging, store = tmp_path / "staging", LocalStore(tmp_path / "store")
+    ref = _commit(store, staging, 7, attempt=1)
+    store.put_bytes("step-00000007-a0001/checkpoint.pt", b"other bytes")
+    with pytest.raises(ResumeRefused):
+        stage_resume(store, ref, tmp_path / "resume", attempt=2)
+    assert store.list("step-00000007-a0001/") == [
+        "step-00000007-a0001/checkpoint.pt",
+        "step-00000007-a0001/manifest.json",
+    ]
+    store.delete("step-00000007-a0001/checkpoint.pt")
+    with pytest.raises(ResumeRefused, match="missing"):
+        stage_resume(store, ref, tmp_path / "resume", attempt=2)
+    assert store.list("step-00000007-a0001/") == ["step-00000007-a0001/manifest.json"]
