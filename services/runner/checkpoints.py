@@ -434,7 +434,7 @@ def stage_resume(
             f"{ref.size_bytes} bytes with sha256 {ref.sha256} the job committed: it was "
             "overwritten since",
         )
-    attempt = _COMMITTED_OBJECT.match(key)
+    named = _COMMITTED_OBJECT.match(key)
     local_manifest = {
         "step": ref.step,
         "object": f"{staged_folder(ref.step)}/{OBJECT_NAME}",
@@ -444,7 +444,7 @@ def stage_resume(
         # written, is not read: the time is the restore's, the attempt the folder's.
         "created_at": datetime.now(UTC).isoformat(),
         "job_id": job_id,
-        "attempt": int(attempt.group(2) or 0) if attempt else 0,
+        "attempt": int(named.group(2) or 0) if named else 0,
     }
     (local / MANIFEST_NAME).write_text(json.dumps(local_manifest))
     return ref
