@@ -5,6 +5,7 @@ Store layout, under ``jobs/<job_id>/checkpoints/`` (the job's own prefix)::
     step-00000100-a0002/checkpoint.pt    the object, as the job wrote it
     step-00000100-a0002/manifest.json    size, sha256 and the object's key (relative to
                                          the prefix), written by the runner *last*
+    step-00000100-a0002/resumed-a0003    empty: attempt 3 resumed from this checkpoint
 
 The attempt in the folder name keeps two attempts that both reach step 100 from ever
 writing the same keys. A checkpoint is complete when its manifest names an object that
@@ -37,6 +38,12 @@ one larger than the job's disk allowance is refused before its download
 that cannot serve it now (an outage: ``bus.infrastructure_fault``, such as a store folder
 on a mount that does not answer) raises as it is, and the launch fetches again once the
 store answers.
+
+Retention deletes whole folders, manifest first, and only under the job's prefix:
+``apply_retention`` at an attempt's end, among the checkpoints the job committed (never by
+the listing), and ``prune_earlier_attempts`` at the start of an attempt that resumes, among
+the folders earlier attempts left older than the one it resumed from (by the listing: see
+there). A folder a later attempt marked resumed is never deleted by an earlier attempt.
 
 Each ``commit_staged`` is a ``checkpoint upload`` span (kind ``CLIENT``) in the job's trace
 (``parent``: the context its events are published in): the job id, step and attempt, the

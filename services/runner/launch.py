@@ -269,8 +269,9 @@ def resume_from(
     grant: AllocationGranted, settings: Settings, store: ObjectStore, staging: Path
 ) -> CheckpointRef | None:
     """Stage in ``staging`` exactly the checkpoint the grant names (``grant.resume``,
-    ``checkpoints.stage_resume``) and return it; None when it names none (the job starts
-    from nothing, whatever the store holds under its prefix). A ``JobInputError``, raised
+    ``checkpoints.stage_resume``), its folder marked resumed by the grant's attempt, and
+    return it; None when it names none (the job starts from nothing, whatever the store
+    holds under its prefix). A ``JobInputError``, raised
     before the job runs and never held against the node: ``CheckpointRefused`` when that
     checkpoint is not the one the job committed (missing, other bytes, another job's), and
     one naming both sizes when it is larger than the job's disk allowance

@@ -3,7 +3,9 @@
 While the job runs: lines on its control socket become ``job.metrics`` (every point within
 the job's bound, ``metric_limits``, in batches: ``domain.MetricBatcher``; what the bound
 drops is counted in notices in the job's log), ``job.progress`` (throttled, the newest kept) and, for checkpoints it staged, an upload to the job's own prefix
-(``checkpoints.commit_staged``) followed by ``checkpoint.saved``; its output goes to
+(``checkpoints.commit_staged``) followed by ``checkpoint.saved``. A job that resumed has,
+beside it, the checkpoints its earlier attempts left older than the one it resumed from
+pruned (``checkpoints.prune_earlier_attempts``; the end waits for it). Its output goes to
 ``<work_dir>/jobs/<job>/<allocation>.log``, is shipped to the object store in chunks about
 every second (``logstream.LogShipper``) and feeds a tail kept for ``job.failed``; it never
 goes into the runner's own log. A job of several processes (under torchrun) has each rank's
