@@ -6,6 +6,7 @@ Store layout, under ``jobs/<job_id>/checkpoints/`` (the job's own prefix)::
     step-00000100-a0002/manifest.json    size, sha256 and the object's key (relative to
                                          the prefix), written by the runner *last*
     step-00000100-a0002/resumed-a0003    empty: attempt 3 resumed from this checkpoint
+    step-00000100-a0002/succeeded-a0002  empty: attempt 2 succeeded with it as its artifact
 
 The attempt in the folder name keeps two attempts that both reach step 100 from ever
 writing the same keys. A checkpoint is complete when its manifest names an object that
@@ -43,7 +44,8 @@ Retention deletes whole folders, manifest first, and only under the job's prefix
 ``apply_retention`` at an attempt's end, among the checkpoints the job committed (never by
 the listing), and ``prune_earlier_attempts`` at the start of an attempt that resumes, among
 the folders earlier attempts left older than the one it resumed from (by the listing: see
-there). A folder a later attempt marked resumed is never deleted by an earlier attempt.
+there). A folder a later attempt marked resumed is never deleted by an earlier attempt, and one
+an attempt succeeded with (``mark_succeeded``) by none.
 
 Each ``commit_staged`` is a ``checkpoint upload`` span (kind ``CLIENT``) in the job's trace
 (``parent``: the context its events are published in): the job id, step and attempt, the
@@ -463,7 +465,13 @@ def resumed_mark(attempt: int) -> str:
     return f"resumed-a{attempt:04d}"
 
 
-_RESUMED_MARK = re.compile(r"^resumed-a(\d{4,})$")
+def succeeded_mark(attempt: int) -> str:
+    """The name of the key, in a checkpoint's folder, that says attempt ``attempt``
+    succeeded with it as its artifact (``mark_succeeded``; empty)."""
+    return f"succeeded-a{attempt:04d}"
+
+
+_MARK = re.compile(r"^(resumed|succeeded)-a(\d{4,})$")
 
 
 def _unmark(store: ObjectStore, mark: str | None) -> None:
@@ -471,13 +479,31 @@ def _unmark(store: ObjectStore, mark: str | None) -> None:
         store.delete(mark)
 
 
-def resumed_by_later(store: ObjectStore, folder: str, attempt: int) -> bool:
-    """Whether an attempt after ``attempt`` marked ``folder`` as the one it resumed from."""
-    for key in store.list(f"{folder}/"):
-        match = _RESUMED_MARK.match(key.rsplit("/", 1)[1])
-        if match is not None and int(match.group(1)) > attempt:
-            return True
-    return False
+def mark_succeeded(store: ObjectStore, ref: CheckpointRef, attempt: int) -> bool:
+    """Mark the folder of ``ref``, the artifact attempt ``attempt`` succeeded with, so that
+    no attempt's retention deletes it (``held``): a success its node reports late, after a
+    later attempt began, is registered from it. False, marking nothing, when ``ref`` names
+    no committed object of ``store``."""
+    key = committed_key(store, ref)
+    if key is None:
+        return False
+    store.put_bytes(f"{key.rsplit('/', 1)[0]}/{succeeded_mark(attempt)}", b"")
+    return True
+
+
+def _holds(name: str, attempt: int) -> bool:
+    """Whether the key ``name`` of a folder keeps it from attempt ``attempt``'s retention:
+    a success's mark, or the resumed mark of a later attempt."""
+    match = _MARK.match(name)
+    if match is None:
+        return False
+    return match.group(1) == "succeeded" or int(match.group(2)) > attempt
+
+
+def held(store: ObjectStore, folder: str, attempt: int) -> bool:
+    """Whether ``folder`` is kept from attempt ``attempt``'s retention: some attempt
+    succeeded with it, or a later attempt resumed from it."""
+    return any(_holds(key.rsplit("/", 1)[1], attempt) for key in store.list(f"{folder}/"))
 
 
 def apply_retention(
@@ -491,9 +517,9 @@ def apply_retention(
     """Delete all but the newest ``keep`` (by step) of ``own``, the checkpoints the job's
     own attempts committed (the grant's resume ref, the ones attempt ``attempt`` saved),
     never one whose object URI is in ``protected`` (the one the job resumed from, its
-    last), nor one a later attempt marked as the one it resumed from (``stage_resume``:
-    this attempt was lost and went on, and the job runs again from it); returns how many
-    were deleted. The store's listing chooses nothing, as for ``stage_resume``: any node
+    last), nor one ``held``: a later attempt marked it as the one it resumed from
+    (``stage_resume``: this attempt was lost and went on, and the job runs again from it),
+    or an attempt succeeded with it; returns how many were deleted. The store's listing chooses nothing, as for ``stage_resume``: any node
     can write any key, so folders another wrote (of later steps) neither push the job's
     checkpoints out nor are deleted themselves; a ref that names no committed object of
     ``store`` is skipped."""
@@ -506,7 +532,7 @@ def apply_retention(
     )
     deleted = 0
     for _step, folder, uri in folders[: max(0, len(folders) - keep)]:
-        if uri in protected or resumed_by_later(store, folder, attempt):
+        if uri in protected or held(store, folder, attempt):
             continue
         delete_folder(store, folder)
         deleted += 1
@@ -532,7 +558,8 @@ def prune_earlier_attempts(
       job's allocations reported: an earlier attempt still alive during a failover, or one
       whose late success is still to be registered, has its own latest checkpoint at that
       step or beyond, and keeps it);
-    - it is not ``resumed``'s folder;
+    - it is not ``resumed``'s folder, nor one ``held`` (an attempt succeeded with it: a
+      lost attempt's success, reported late, is registered from it);
     - it is not one of the ``keep - 1`` newest (by step, then attempt) of those folders
       that have a manifest (``resumed`` counts as the first of the job's ``keep``). A folder
       without a manifest was never reported committed, so no grant or registration can
@@ -550,6 +577,7 @@ def prune_earlier_attempts(
         return 0
     resumed_folder = resumed_key.rsplit("/", 1)[0]
     folders: dict[str, tuple[int, int, bool]] = {}
+    kept_held: set[str] = set()
     for key in store.list("step-"):
         match = _LISTED.match(key)
         if match is None:
@@ -557,10 +585,15 @@ def prune_earlier_attempts(
         folder, step, of = match.group(1), int(match.group(2)), int(match.group(3) or 0)
         complete = match.group(4) == MANIFEST_NAME or folders.get(folder, (0, 0, False))[2]
         folders[folder] = (step, of, complete)
+        if _holds(match.group(4), attempt):
+            kept_held.add(folder)
     earlier = [
         (step, of, folder, complete)
         for folder, (step, of, complete) in folders.items()
-        if of < attempt and step < resumed.step and folder != resumed_folder
+        if of < attempt
+        and step < resumed.step
+        and folder != resumed_folder
+        and folder not in kept_held
     ]
     complete = sorted((step, of, folder) for step, of, folder, done in earlier if done)
     kept = {folder for _, _, folder in complete[max(0, len(complete) - (keep - 1)) :]}

@@ -527,7 +527,7 @@ class JobRun:
         await asyncio.to_thread(remove_shipped, shipped)
         if self._pruner is not None:
             await self._pruner
-        await self._retain_checkpoints()
+        await self._retain_checkpoints(succeeded=outcome.kind == "succeeded")
         metrics = domain.end_metrics(
             self._last_metrics,
             self._utilization,
@@ -582,7 +582,20 @@ class JobRun:
         if deleted:
             log.info("job %s: deleted %d checkpoints of earlier attempts", self.job.job_id, deleted)
 
-    async def _retain_checkpoints(self) -> None:
+    async def _retain_checkpoints(self, *, succeeded: bool) -> None:
+        """Delete this attempt's checkpoints beyond the retention
+        (``checkpoints.apply_retention``) and, when it ``succeeded``, mark its artifact
+        (its last checkpoint) so that no later attempt's retention deletes it
+        (``checkpoints.mark_succeeded``: its success may be reported late). A failure is
+        logged: the outcome is never held up or lost for storage."""
+        last = self._last_checkpoint
+        if succeeded and last is not None:
+            try:
+                await asyncio.to_thread(
+                    checkpoints.mark_succeeded, self._checkpoint_store, last, self.job.attempt
+                )
+            except Exception as exc:
+                log.warning("job %s: its artifact was not marked: %s", self.job.job_id, exc)
         protected = {
             ref.uri for ref in (self._resumed_from, self._last_checkpoint) if ref is not None
         }

@@ -436,8 +436,10 @@ async def test_an_attempt_prunes_what_earlier_attempts_left_on_a_real_s3_endpoin
             "step-00000012-a0001",  # newer than the resumed one: the lost attempt's
             "step-00000005-a0003",  # this attempt's own
         }
-        # Marked as resumed by attempt 3: attempt 2, should it still run, keeps it.
+        # Marked as resumed by attempt 3: attempt 2, should it still run, keeps it; and
+        # the artifact attempt 3 succeeded with, which no later attempt's prune deletes.
         assert store.exists(f"{folder}/step-00000009-a0002/resumed-a0003")
+        assert store.exists(f"{folder}/step-00000005-a0003/succeeded-a0003")
         assert store.list(other) == [
             f"{other}/step-00000001-a0001/checkpoint.pt",
             f"{other}/step-00000001-a0001/manifest.json",

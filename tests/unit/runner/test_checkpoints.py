@@ -18,9 +18,11 @@ from trainyard_platform.services.runner.checkpoints import (
     apply_retention,
     commit_staged,
     complete_folders,
+    mark_succeeded,
     prune_earlier_attempts,
     resumed_mark,
     stage_resume,
+    succeeded_mark,
 )
 from trainyard_platform.shared.events.payloads import CheckpointRef
 from trainyard_platform.shared.storage import LocalStore
@@ -544,3 +546,31 @@ def test_a_refused_resume_leaves_no_mark(tmp_path: Path) -> None:
     with pytest.raises(ResumeRefused, match="missing"):
         stage_resume(store, ref, tmp_path / "resume", attempt=2)
     assert store.list("step-00000007-a0001/") == ["step-00000007-a0001/manifest.json"]
+
+
+def test_no_retention_deletes_the_artifact_an_attempt_succeeded_with(tmp_path: Path) -> None:
+    """Attempt 1 was declared lost but ran on and succeeded with step 4 while attempts 2
+    and 3 ran; its success, reported when its node is heard again, is kept and its model
+    registered from step 4. Attempt 3, resuming from attempt 2's step 9, deleted step 4
+    with the rest of attempt 1's: the registration found no checkpoint. A success's
+    artifact is marked, and no retention deletes a folder so marked."""
+    staging, store = tmp_path / "staging", LocalStore(tmp_path / "store")
+    saved = [_commit(store, staging, step, attempt=1) for step in (1, 2, 3, 4)]
+    assert mark_succeeded(store, saved[-1], 1)
+    resumed = _commit(store, staging, 9, attempt=2)
+
+    assert prune_earlier_attempts(store, 3, resumed, keep=1) == 3
+    assert _folders(store) == ["step-00000004-a0001", "step-00000009-a0002"]
+    assert store.exists(f"step-00000004-a0001/{succeeded_mark(1)}")
+    # Nor does an attempt's end, its own or another's.
+    for attempt in (1, 2):
+        assert apply_retention(store, 1, [saved[-1], resumed], {resumed.uri}, attempt=attempt) == 0
+    assert _folders(store) == ["step-00000004-a0001", "step-00000009-a0002"]
+    other = CheckpointRef(
+        uri="file:///elsewhere/step-00000004-a0001/checkpoint.pt",
+        manifest_uri="file:///elsewhere/step-00000004-a0001/manifest.json",
+        step=4,
+        size_bytes=1,
+        sha256="0" * 64,
+    )
+    assert not mark_succeeded(store, other, 1), "a ref outside the store marks nothing"
