@@ -44,8 +44,8 @@ Retention deletes whole folders, manifest first, and only under the job's prefix
 ``apply_retention`` at an attempt's end, among the checkpoints the job committed (never by
 the listing), and ``prune_earlier_attempts`` at the start of an attempt that resumes, among
 the folders earlier attempts left older than the one it resumed from (by the listing: see
-there). A folder a later attempt marked resumed is never deleted by an earlier attempt, and one
-an attempt succeeded with (``mark_succeeded``) by none.
+there). A folder a later attempt marked resumed is never deleted by an earlier attempt,
+and one an attempt succeeded with (``mark_succeeded``) by none.
 
 Each ``commit_staged`` is a ``checkpoint upload`` span (kind ``CLIENT``) in the job's trace
 (``parent``: the context its events are published in): the job id, step and attempt, the
@@ -519,10 +519,10 @@ def apply_retention(
     never one whose object URI is in ``protected`` (the one the job resumed from, its
     last), nor one ``held``: a later attempt marked it as the one it resumed from
     (``stage_resume``: this attempt was lost and went on, and the job runs again from it),
-    or an attempt succeeded with it; returns how many were deleted. The store's listing chooses nothing, as for ``stage_resume``: any node
-    can write any key, so folders another wrote (of later steps) neither push the job's
-    checkpoints out nor are deleted themselves; a ref that names no committed object of
-    ``store`` is skipped."""
+    or an attempt succeeded with it; returns how many were deleted. The store's listing
+    chooses nothing, as for ``stage_resume``: any node can write any key, so folders
+    another wrote (of later steps) neither push the job's checkpoints out nor are deleted
+    themselves; a ref that names no committed object of ``store`` is skipped."""
     folders = sorted(
         {
             (ref.step, key.rsplit("/", 1)[0], ref.uri)
@@ -555,9 +555,8 @@ def prune_earlier_attempts(
     - its attempt is lower than ``attempt`` (this attempt's own, and any later attempt's,
       are never touched);
     - its step is lower than ``resumed.step`` (the grant names the newest checkpoint the
-      job's allocations reported: an earlier attempt still alive during a failover, or one
-      whose late success is still to be registered, has its own latest checkpoint at that
-      step or beyond, and keeps it);
+      job's allocations reported: what an earlier attempt still running during a failover
+      saves after it is of a later step, and stays);
     - it is not ``resumed``'s folder, nor one ``held`` (an attempt succeeded with it: a
       lost attempt's success, reported late, is registered from it);
     - it is not one of the ``keep - 1`` newest (by step, then attempt) of those folders
@@ -569,7 +568,11 @@ def prune_earlier_attempts(
     folder another node forged there can therefore take one of the ``keep - 1`` places, or
     be deleted: it never protects or costs ``resumed`` or anything newer than it, and
     every delete stays within the job's own prefix. A folder already gone (another pruner,
-    the registry's collector) is no error."""
+    the registry's collector) is no error.
+
+    Left open: an earlier attempt still running (lost, not dead) whose last checkpoint is
+    older than ``resumed`` (later attempts got further while it saved no more) loses that
+    checkpoint here before its end can mark it succeeded."""
     if keep < 1:
         raise ValueError(f"keep must be at least 1, not {keep}")
     resumed_key = committed_key(store, resumed)
@@ -595,8 +598,8 @@ def prune_earlier_attempts(
         and folder != resumed_folder
         and folder not in kept_held
     ]
-    complete = sorted((step, of, folder) for step, of, folder, done in earlier if done)
-    kept = {folder for _, _, folder in complete[max(0, len(complete) - (keep - 1)) :]}
+    reported = sorted((step, of, folder) for step, of, folder, done in earlier if done)
+    kept = {folder for _, _, folder in reported[max(0, len(reported) - (keep - 1)) :]}
     doomed = sorted(folder for _, _, folder, _ in earlier if folder not in kept)
     for folder in doomed:
         delete_folder(store, folder)
