@@ -27,7 +27,9 @@ Contract:
   book's highest prices per hour from ``now`` on), and which running allocations' accrued
   cost ``spent`` counts (``accruing``), with the instant it was measured (``spent_at``:
   ``now``). ``reserving(conn, now)`` says again the
-  state of every such budget, in a price change's transaction.
+  state of every such budget, in a price change's transaction; ``say_again(conn, budgets,
+  now)`` says again the state of each of ``budgets`` (at billing's start, every budget, so
+  replicas converge after an upgrade without waiting for a change or a bill).
 - Every transaction that says a budget's state holds the budget's scope
   (``budgets_repository.lock``) from before it reads the budget until it commits: a bill,
   a change or deletion through the API, the accrual check. So states are said in turns,
@@ -58,6 +60,7 @@ from trainyard_platform.shared import outbox
 from trainyard_platform.shared.events import Envelope, Payload
 from trainyard_platform.shared.events.payloads import (
     MAX_ACCRUING,
+    MAX_PRICED_FLAVORS,
     BudgetThresholdCrossed,
     BudgetUpdated,
     ReservationRates,
@@ -224,14 +227,28 @@ async def say_state(
 
 async def rates(conn: asyncpg.Connection, now: datetime) -> dict[str, ReservationRates]:
     """What the scheduler reserves a job of each priced flavor at (``ReservationRates``):
-    the highest GPU, CPU and memory prices per hour from ``now`` on."""
-    book = await catalogue.schedule(conn)
+    the highest GPU, CPU and memory prices per hour from ``now`` on. ``BookTooLarge`` when
+    there are more than ``MAX_PRICED_FLAVORS`` (a book priced past them before the price
+    API and the settings bounded it): no state can say them."""
+    highest = (await catalogue.schedule(conn)).highest_from(now)
+    if len(highest) > MAX_PRICED_FLAVORS:
+        raise BookTooLarge(
+            f"the price book has {len(highest)} flavors with a GPU price, more than the "
+            f"{MAX_PRICED_FLAVORS} a budget's rates can say: the state of a budget that "
+            "reserves (policy refuse, or on_exhausted stop) cannot be said until flavors "
+            "are taken out of billing's tables prices and resource_prices, or the budget "
+            "reserves no more"
+        )
     return {
         flavor: ReservationRates(
             gpu_hour=_text(gpu), cpu_hour=_text(cpu), memory_gib_hour=_text(mem)
         )
-        for flavor, (gpu, cpu, mem) in sorted(book.highest_from(now).items())
+        for flavor, (gpu, cpu, mem) in sorted(highest.items())
     }
+
+
+class BookTooLarge(ValueError):
+    """The price book has more flavors than a budget's ``rates`` can say (``rates``)."""
 
 
 _MICRO = Decimal("0.000001")
@@ -250,15 +267,26 @@ async def reserving(conn: asyncpg.Connection, now: datetime) -> None:
     """Say again the state of every budget the scheduler reserves against (``reserves``),
     after a change of the price book: the rates it reserves at are the book's. In the
     change's transaction, holding each budget's scope (in turns with bills)."""
-    budgets = [b for b in await repo.of_teams(conn, None) if reserves(b)]
+    await say_again(conn, [b for b in await repo.of_teams(conn, None) if reserves(b)], now)
+
+
+async def say_again(conn: asyncpg.Connection, budgets: Sequence[Budget], now: datetime) -> int:
+    """Say again the state of each of ``budgets`` that still exists (as it is now, read
+    under its scope, which is held until the transaction ends: in turns with bills), the
+    book read once for all; return how many were said. Each is said with the next
+    revision, so every replica keeps it, and nothing said after it is older."""
     if not budgets:
-        return
+        return 0
     await repo.lock(conn, [(b.team, b.project) for b in budgets])
-    said = await rates(conn, now)  # one book for all: read once, not once per budget
+    # One book for all, read once, not once per budget (and not at all when none reserves).
+    said = await rates(conn, now) if any(reserves(b) for b in budgets) else None
+    count = 0
     for budget in budgets:
         current = await repo.get(conn, budget.team, budget.project)
-        if current is not None and reserves(current):
+        if current is not None:
             await say_state(conn, current, now, rates_now=said)
+            count += 1
+    return count
 
 
 async def _say(conn: asyncpg.Connection, payload: Payload, subject: str, event_id: str) -> None:

@@ -220,6 +220,19 @@ async def lock_prices(conn: asyncpg.Connection, flavor: str) -> None:
     )
 
 
+async def lock_new_flavors(conn: asyncpg.Connection) -> None:
+    """Price a new flavor alone until the transaction ends: the book's count of flavors
+    (``priced_flavors``) is read and grown in turn with any other new flavor, so two at once
+    cannot both pass its bound."""
+    await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended('billing:new-flavor', 0))")
+
+
+async def priced_flavors(conn: asyncpg.Connection) -> int:
+    """How many flavors have a GPU price (each one of the ``rates`` a budget says)."""
+    count: int = await conn.fetchval("SELECT count(DISTINCT flavor) FROM prices")
+    return count
+
+
 async def hold_prices(conn: asyncpg.Connection, flavor: str) -> None:
     """Hold ``flavor``'s prices unchanged until the transaction ends (shared with other
     bills, exclusive of a price change, ``lock_prices``): a bill made by the book it reads

@@ -8,6 +8,7 @@ from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from trainyard_platform.services.billing.governance_schemas import MAX_PRICE
+from trainyard_platform.shared.events.payloads import MAX_PRICED_FLAVORS
 from trainyard_platform.shared.settings import GuardedServiceSettings, Port
 
 DEFAULT_PRICES: dict[str, float] = {
@@ -32,11 +33,15 @@ class Settings(GuardedServiceSettings):
 
     port: Port = 8084
     """Port of the HTTP server (health, readiness, ``GET /v1/usage``)."""
-    prices: dict[PricedFlavor, PerGpuHour] = Field(default_factory=lambda: dict(DEFAULT_PRICES))
+    prices: dict[PricedFlavor, PerGpuHour] = Field(
+        default_factory=lambda: dict(DEFAULT_PRICES), max_length=MAX_PRICED_FLAVORS
+    )
     """The bootstrap of the price book: price per GPU-hour by GPU flavor, given at start,
     from the beginning (1970), to each listed flavor that has no price yet; a flavor priced
     already keeps its prices. Operators change prices with ``PUT /v1/prices/{flavor}`` (a
     price from a date on; usage before it keeps its price). From the environment as JSON,
-    which replaces the whole default: ``TRAINYARD_BILLING_PRICES='{"cpu": 0.1}'``."""
+    which replaces the whole default: ``TRAINYARD_BILLING_PRICES='{"cpu": 0.1}'``. At most
+    ``MAX_PRICED_FLAVORS`` flavors, and billing refuses to start when those it would price
+    take the book past them (``service.seed_prices``)."""
     currency: str = Field(default="USD", pattern=r"^[A-Z]{3}$")
     """ISO 4217 currency of the price book (prices set through the API too) and budgets."""

@@ -18,7 +18,10 @@
   made or billed keeps its price, so the ledger never disagrees with the book). A flavor's first
   price, without ``effective_from``, applies from the beginning (nothing of it was billed). The flavor must be in
   the scheduler's catalogue as billing learned it (``flavor.declared``), or priced already
-  (the settings' bootstrap); else 422 naming ``flavor``.
+  (the settings' bootstrap); else 422 naming ``flavor``. The book holds at most
+  ``MAX_PRICED_FLAVORS`` flavors with a GPU price (each budget that reserves says the
+  rates of every one in its ``budget.updated``): a new flavor's first GPU price past them
+  is 422 naming ``flavor``.
 - ``POST /v1/costs/estimate`` (any user): what a job spec costs at most, from its GPUs,
   flavor, maximum runtime and restarts and the prices in force (422 naming ``gpu_flavor``
   when it has no price).
@@ -84,6 +87,7 @@ from trainyard_platform.services.billing.report_api import (
 )
 from trainyard_platform.shared import audit, paging
 from trainyard_platform.shared.access import Teams, needs, only_reads
+from trainyard_platform.shared.events.payloads import MAX_PRICED_FLAVORS
 from trainyard_platform.shared.http_app import (
     Conditions,
     Preconditions,
@@ -131,6 +135,21 @@ ProjectPath = Annotated[str, PathParameter(pattern=NAME, min_length=1, max_lengt
 async def _body(model: type[Any], request: AnyRequest) -> Any:
     body = await read_json_body(request, BODY_MAX_BYTES, free_text=lambda path: True)
     return parse_body(model, body)
+
+
+async def _room_for_a_flavor(conn: asyncpg.Connection, flavor: str) -> None:
+    """Refuse the first GPU price of ``flavor`` (422 naming ``flavor``) when the book has
+    ``MAX_PRICED_FLAVORS`` flavors priced already: every budget that reserves says the rates
+    of each in its ``budget.updated``, which holds no more (nor would the bus carry many
+    more), so one more would leave every such budget unsaid and its bills failing."""
+    await catalogue.lock_new_flavors(conn)
+    if await catalogue.priced_flavors(conn) >= MAX_PRICED_FLAVORS:
+        raise RequestInvalid.one(
+            "flavor",
+            f"cannot price flavor {flavor}: the price book has {MAX_PRICED_FLAVORS} flavors "
+            "priced already, the most it holds (each budget that reserves says the rates of "
+            "every one in one event)",
+        )
 
 
 def price_tag(rows: list[Any]) -> str | None:
@@ -300,6 +319,8 @@ def governance_routes(
                     f"unknown flavor {flavor}; an operator declares it first with "
                     f"PUT /v1/admin/flavors/{flavor} on the scheduler",
                 )
+            if not priced and body.price_per_gpu_hour is not None:
+                await _room_for_a_flavor(conn, flavor)
             if not priced and body.effective_from is None:
                 # Nothing of the flavor was billed yet: its first price covers all its
                 # usage, so releases dead-lettered for want of a price can be redriven.

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import asyncpg
 
+from trainyard_platform.services.billing import budget_watch
+from trainyard_platform.services.billing import budgets_repository as budgets_repo
 from trainyard_platform.services.billing import catalogue_repository as catalogue
 from trainyard_platform.services.billing import ledger_repository as ledger
 from trainyard_platform.services.billing.api import create_app
@@ -21,6 +23,7 @@ from trainyard_platform.shared.access import guard_for
 from trainyard_platform.shared.bus import Bus
 from trainyard_platform.shared.db import migrate, open_pool, ping
 from trainyard_platform.shared.deadletters import deadletter_routes
+from trainyard_platform.shared.events.payloads import MAX_PRICED_FLAVORS
 from trainyard_platform.shared.inbox import idempotent
 from trainyard_platform.shared.outbox import OutboxRelay
 from trainyard_platform.shared.retention import Retention
@@ -37,15 +40,53 @@ async def seed_prices(pool: asyncpg.Pool, settings: Settings) -> None:
     """Give the configured prices, from the beginning, to flavors the price book has no
     price for (see ``Settings.prices``); prices already there are kept. ``StartupRefused``
     (one line: ``prices.currency_refusal``) when the book or the budgets hold another
-    currency than ``settings.currency``: the setting changed on a running installation."""
+    currency than ``settings.currency``: the setting changed on a running installation, or
+    when the flavors it would price take the book past ``MAX_PRICED_FLAVORS`` (nothing is
+    seeded then; the price API keeps the bound too)."""
     book = PriceBook.from_settings(settings.prices, settings.currency)
     async with pool.acquire() as conn, conn.transaction():
         refusal = currency_refusal(settings.currency, *await catalogue.currencies(conn))
         if refusal is not None:
             raise StartupRefused(refusal)
         seeded = await catalogue.seed_prices(conn, book.prices.values(), datetime.now(UTC))
+        flavors = await catalogue.priced_flavors(conn)
+        if seeded and flavors > MAX_PRICED_FLAVORS:
+            raise StartupRefused(
+                f"TRAINYARD_BILLING_PRICES would price {seeded} new flavors, {flavors} in all: "
+                f"the price book holds at most {MAX_PRICED_FLAVORS} (each budget that reserves "
+                "says the rates of every one in one event); list fewer new flavors"
+            )
     if seeded:
         log.info("price book: %d flavors priced from the settings", seeded)
+
+
+SAY_AT_START_BATCH = 100
+"""How many budgets one transaction of ``say_budgets`` says (and holds the scopes of)."""
+
+
+async def say_budgets(pool: asyncpg.Pool, batch: int = SAY_AT_START_BATCH) -> None:
+    """Say every budget's state again (``budget_watch.say_again``), once per start, a
+    ``batch`` of budgets per transaction (each holds its budgets' scopes: a bounded number of
+    locks, and bills wait for one batch at most): a replica's rows kept before it gained a
+    field (submission's and the scheduler's ``rates``) hold it once the outbox relays these,
+    with no bill or change needed. Each is said with the next revision, so no replica drops
+    it as old. A book priced past ``MAX_PRICED_FLAVORS`` (before it was bounded) is logged
+    at error level, naming what to do, and the start goes on."""
+    said, after = 0, None
+    while True:
+        async with pool.acquire() as conn, conn.transaction():
+            page = await budgets_repo.of_teams(conn, None, limit=batch, after=after)
+            try:
+                said += await budget_watch.say_again(conn, page, datetime.now(UTC))
+            except budget_watch.BookTooLarge as exc:
+                # Billing still starts (bills of teams without such a budget go on), loudly;
+                # the budgets of this batch are not said again.
+                log.error("budgets: %d not said again at start: %s", len(page), exc)
+        if len(page) < batch:
+            break
+        after = (page[-1].team, page[-1].project or "")
+    if said:
+        log.info("budgets: the state of %d said again at start", said)
 
 
 async def ensure_rollups(database: DatabaseSettings) -> None:
@@ -73,6 +114,7 @@ async def serve(settings: Settings) -> int:
         pool = await rt.open_pool(settings.database, NAME)
         await migrate(pool, NAME, MIGRATIONS)
         await seed_prices(pool, settings)
+        await say_budgets(pool)
         await ensure_rollups(settings.database)
         bus = await rt.resources.enter_async_context(Bus.connect(settings.nats, NAME))
         rt.add_readiness_check("database", lambda: ping(pool))

@@ -5,6 +5,8 @@ Store layout, under ``jobs/<job_id>/checkpoints/`` (the job's own prefix)::
     step-00000100-a0002/checkpoint.pt    the object, as the job wrote it
     step-00000100-a0002/manifest.json    size, sha256 and the object's key (relative to
                                          the prefix), written by the runner *last*
+    step-00000100-a0002/resumed-a0003    empty: attempt 3 resumed from this checkpoint
+    step-00000100-a0002/succeeded-a0002  empty: attempt 2 succeeded with it as its artifact
 
 The attempt in the folder name keeps two attempts that both reach step 100 from ever
 writing the same keys. A checkpoint is complete when its manifest names an object that
@@ -37,6 +39,13 @@ one larger than the job's disk allowance is refused before its download
 that cannot serve it now (an outage: ``bus.infrastructure_fault``, such as a store folder
 on a mount that does not answer) raises as it is, and the launch fetches again once the
 store answers.
+
+Retention deletes whole folders, manifest first, and only under the job's prefix:
+``apply_retention`` at an attempt's end, among the checkpoints the job committed (never by
+the listing), and ``prune_earlier_attempts`` at the start of an attempt that resumes, among
+the folders earlier attempts left older than the one it resumed from (by the listing: see
+there). A folder a later attempt marked resumed is never deleted by an earlier attempt,
+and one an attempt succeeded with (``mark_succeeded``) by none.
 
 Each ``commit_staged`` is a ``checkpoint upload`` span (kind ``CLIENT``) in the job's trace
 (``parent``: the context its events are published in): the job id, step and attempt, the
@@ -376,6 +385,7 @@ def stage_resume(
     max_bytes: int | None = None,
     *,
     job_id: str = "",
+    attempt: int | None = None,
 ) -> CheckpointRef | None:
     """Download exactly the checkpoint ``ref`` names (the grant's ``resume``: what the job's
     own allocations reported committed) from ``store`` (the job's checkpoint prefix) into
@@ -388,7 +398,12 @@ def stage_resume(
     a byte is read; ``ResumeRefused`` when ``ref`` names no committed object of ``store``,
     when the object is missing, or when its size or sha256 is not ``ref``'s (no more than
     ``ref.size_bytes`` is read). A store that does not answer now raises as it is
-    (``bus.infrastructure_fault``)."""
+    (``bus.infrastructure_fault``).
+
+    ``attempt`` (the attempt resuming; None: none is marked): before the download, the
+    checkpoint's folder is marked resumed by it (``resumed_mark``), so that an earlier
+    attempt still running (a failover) never deletes it in its end's retention
+    (``apply_retention``); the mark goes again when the checkpoint is refused."""
     if ref is None:
         return None
     key = committed_key(store, ref)
@@ -397,15 +412,20 @@ def stage_resume(
     if max_bytes is not None and ref.size_bytes > max_bytes:
         raise ResumeTooLarge(ref.step, ref.size_bytes, max_bytes)
     local = staging / staged_folder(ref.step)
+    mark = None if attempt is None else f"{key.rsplit('/', 1)[0]}/{resumed_mark(attempt)}"
+    if mark is not None:
+        store.put_bytes(mark, b"")
     try:
         store.get_file(key, local / OBJECT_NAME, max_bytes=ref.size_bytes)
         size = (local / OBJECT_NAME).stat().st_size
         digest = file_sha256(local / OBJECT_NAME)
     except ObjectNotFound:
         shutil.rmtree(local, ignore_errors=True)
+        _unmark(store, mark)
         raise ResumeRefused(ref, "it is missing from the store (deleted since)") from None
     except ObjectTooLarge as exc:
         shutil.rmtree(local, ignore_errors=True)
+        _unmark(store, mark)
         raise ResumeRefused(
             ref,
             f"the store's object is {exc.size}, not the {ref.size_bytes} bytes the job "
@@ -416,13 +436,14 @@ def stage_resume(
         raise
     if (size, digest) != (ref.size_bytes, ref.sha256):
         shutil.rmtree(local, ignore_errors=True)
+        _unmark(store, mark)
         raise ResumeRefused(
             ref,
             f"the store's object is {size} bytes with sha256 {digest}, not the "
             f"{ref.size_bytes} bytes with sha256 {ref.sha256} the job committed: it was "
             "overwritten since",
         )
-    attempt = _COMMITTED_OBJECT.match(key)
+    named = _COMMITTED_OBJECT.match(key)
     local_manifest = {
         "step": ref.step,
         "object": f"{staged_folder(ref.step)}/{OBJECT_NAME}",
@@ -432,22 +453,76 @@ def stage_resume(
         # written, is not read: the time is the restore's, the attempt the folder's.
         "created_at": datetime.now(UTC).isoformat(),
         "job_id": job_id,
-        "attempt": int(attempt.group(2) or 0) if attempt else 0,
+        "attempt": int(named.group(2) or 0) if named else 0,
     }
     (local / MANIFEST_NAME).write_text(json.dumps(local_manifest))
     return ref
 
 
+def resumed_mark(attempt: int) -> str:
+    """The name of the key, in a checkpoint's folder, that says attempt ``attempt`` resumed
+    from it (``stage_resume``; empty)."""
+    return f"resumed-a{attempt:04d}"
+
+
+def succeeded_mark(attempt: int) -> str:
+    """The name of the key, in a checkpoint's folder, that says attempt ``attempt``
+    succeeded with it as its artifact (``mark_succeeded``; empty)."""
+    return f"succeeded-a{attempt:04d}"
+
+
+_MARK = re.compile(r"^(resumed|succeeded)-a(\d{4,})$")
+
+
+def _unmark(store: ObjectStore, mark: str | None) -> None:
+    if mark is not None:
+        store.delete(mark)
+
+
+def mark_succeeded(store: ObjectStore, ref: CheckpointRef, attempt: int) -> bool:
+    """Mark the folder of ``ref``, the artifact attempt ``attempt`` succeeded with, so that
+    no attempt's retention deletes it (``held``): a success its node reports late, after a
+    later attempt began, is registered from it. False, marking nothing, when ``ref`` names
+    no committed object of ``store``."""
+    key = committed_key(store, ref)
+    if key is None:
+        return False
+    store.put_bytes(f"{key.rsplit('/', 1)[0]}/{succeeded_mark(attempt)}", b"")
+    return True
+
+
+def _holds(name: str, attempt: int) -> bool:
+    """Whether the key ``name`` of a folder keeps it from attempt ``attempt``'s retention:
+    a success's mark, or the resumed mark of a later attempt."""
+    match = _MARK.match(name)
+    if match is None:
+        return False
+    return match.group(1) == "succeeded" or int(match.group(2)) > attempt
+
+
+def held(store: ObjectStore, folder: str, attempt: int) -> bool:
+    """Whether ``folder`` is kept from attempt ``attempt``'s retention: some attempt
+    succeeded with it, or a later attempt resumed from it."""
+    return any(_holds(key.rsplit("/", 1)[1], attempt) for key in store.list(f"{folder}/"))
+
+
 def apply_retention(
-    store: ObjectStore, keep: int, own: Sequence[CheckpointRef], protected: set[str]
+    store: ObjectStore,
+    keep: int,
+    own: Sequence[CheckpointRef],
+    protected: set[str],
+    *,
+    attempt: int,
 ) -> int:
     """Delete all but the newest ``keep`` (by step) of ``own``, the checkpoints the job's
-    own attempts committed (the grant's resume ref, the ones this attempt saved), never one
-    whose object URI is in ``protected`` (the one the job resumed from, its last); returns
-    how many were deleted. The store's listing chooses nothing, as for ``stage_resume``:
-    any node can write any key, so folders another wrote (of later steps) neither push the
-    job's checkpoints out nor are deleted themselves; a ref that names no committed object
-    of ``store`` is skipped."""
+    own attempts committed (the grant's resume ref, the ones attempt ``attempt`` saved),
+    never one whose object URI is in ``protected`` (the one the job resumed from, its
+    last), nor one ``held``: a later attempt marked it as the one it resumed from
+    (``stage_resume``: this attempt was lost and went on, and the job runs again from it),
+    or an attempt succeeded with it; returns how many were deleted. The store's listing
+    chooses nothing, as for ``stage_resume``: any node can write any key, so folders
+    another wrote (of later steps) neither push the job's checkpoints out nor are deleted
+    themselves; a ref that names no committed object of ``store`` is skipped."""
     folders = sorted(
         {
             (ref.step, key.rsplit("/", 1)[0], ref.uri)
@@ -457,14 +532,86 @@ def apply_retention(
     )
     deleted = 0
     for _step, folder, uri in folders[: max(0, len(folders) - keep)]:
-        if uri in protected:
+        if uri in protected or held(store, folder, attempt):
             continue
-        # The manifest first: a checkpoint without one is incomplete, never half-deleted.
-        store.delete(f"{folder}/{MANIFEST_NAME}")
-        for key in store.list(f"{folder}/"):
-            store.delete(key)
+        delete_folder(store, folder)
         deleted += 1
     return deleted
+
+
+_LISTED = re.compile(r"^(step-(\d{8,})(?:-a(\d{4,}))?)/([^/]+)$")
+
+
+def prune_earlier_attempts(
+    store: ObjectStore, attempt: int, resumed: CheckpointRef, keep: int
+) -> int:
+    """At the start of attempt ``attempt``, once it has restored ``resumed`` (its grant's
+    checkpoint, verified: ``stage_resume``), delete the checkpoint folders of the job's
+    earlier attempts that it no longer needs; returns how many folders were deleted.
+
+    ``store`` is the job's own checkpoint prefix; only folders right under it named as
+    ``commit_staged`` names them (``step-<n>-a<attempt>``, or the older ``step-<n>``, of
+    attempt 0) are looked at. A folder is deleted when all of these hold:
+    - its attempt is lower than ``attempt`` (this attempt's own, and any later attempt's,
+      are never touched);
+    - its step is lower than ``resumed.step`` (the grant names the newest checkpoint the
+      job's allocations reported: what an earlier attempt still running during a failover
+      saves after it is of a later step, and stays);
+    - it is not ``resumed``'s folder, nor one ``held`` (an attempt succeeded with it: a
+      lost attempt's success, reported late, is registered from it);
+    - it is not one of the ``keep - 1`` newest (by step, then attempt) of those folders
+      that have a manifest (``resumed`` counts as the first of the job's ``keep``). A folder
+      without a manifest was never reported committed, so no grant or registration can
+      name it: it is deleted and not counted.
+    Unlike ``apply_retention`` this reads the store's listing (nothing else says which
+    folders earlier attempts left, and an attempt that died never pruned its own). A
+    folder another node forged there can therefore take one of the ``keep - 1`` places, or
+    be deleted: it never protects or costs ``resumed`` or anything newer than it, and
+    every delete stays within the job's own prefix. A folder already gone (another pruner,
+    the registry's collector) is no error.
+
+    Left open: an earlier attempt still running (lost, not dead) whose last checkpoint is
+    older than ``resumed`` (later attempts got further while it saved no more) loses that
+    checkpoint here before its end can mark it succeeded."""
+    if keep < 1:
+        raise ValueError(f"keep must be at least 1, not {keep}")
+    resumed_key = committed_key(store, resumed)
+    if resumed_key is None:
+        return 0
+    resumed_folder = resumed_key.rsplit("/", 1)[0]
+    folders: dict[str, tuple[int, int, bool]] = {}
+    kept_held: set[str] = set()
+    for key in store.list("step-"):
+        match = _LISTED.match(key)
+        if match is None:
+            continue
+        folder, step, of = match.group(1), int(match.group(2)), int(match.group(3) or 0)
+        complete = match.group(4) == MANIFEST_NAME or folders.get(folder, (0, 0, False))[2]
+        folders[folder] = (step, of, complete)
+        if _holds(match.group(4), attempt):
+            kept_held.add(folder)
+    earlier = [
+        (step, of, folder, complete)
+        for folder, (step, of, complete) in folders.items()
+        if of < attempt
+        and step < resumed.step
+        and folder != resumed_folder
+        and folder not in kept_held
+    ]
+    reported = sorted((step, of, folder) for step, of, folder, done in earlier if done)
+    kept = {folder for _, _, folder in reported[max(0, len(reported) - (keep - 1)) :]}
+    doomed = sorted(folder for _, _, folder, _ in earlier if folder not in kept)
+    for folder in doomed:
+        delete_folder(store, folder)
+    return len(doomed)
+
+
+def delete_folder(store: ObjectStore, folder: str) -> None:
+    """Delete one checkpoint folder of ``store``, its manifest first: a checkpoint without
+    one is incomplete to every reader, never half-deleted. Keys already gone are no error."""
+    store.delete(f"{folder}/{MANIFEST_NAME}")
+    for key in store.list(f"{folder}/"):
+        store.delete(key)
 
 
 def file_sha256(path: Path) -> str:

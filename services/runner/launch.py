@@ -269,13 +269,14 @@ def resume_from(
     grant: AllocationGranted, settings: Settings, store: ObjectStore, staging: Path
 ) -> CheckpointRef | None:
     """Stage in ``staging`` exactly the checkpoint the grant names (``grant.resume``,
-    ``checkpoints.stage_resume``) and return it; None when it names none (the job starts
-    from nothing, whatever the store holds under its prefix). A ``JobInputError``, raised
-    before the job runs and never held against the node: ``CheckpointRefused`` when that
-    checkpoint is not the one the job committed (missing, other bytes, another job's), and
-    one naming both sizes when it is larger than the job's disk allowance
-    (``job_disk_gib``; 0: none), before its download: restored, it would fill the sandbox
-    before the job ran, and no node with that allowance could hold it."""
+    ``checkpoints.stage_resume``), its folder marked resumed by the grant's attempt, and
+    return it; None when it names none (the job starts from nothing, whatever the store
+    holds under its prefix). A ``JobInputError``, raised before the job runs and never held
+    against the node: ``CheckpointRefused`` when that checkpoint is not the one the job
+    committed (missing, other bytes, another job's), and one naming both sizes when it is
+    larger than the job's disk allowance (``job_disk_gib``; 0: none), before its download:
+    restored, it would fill the sandbox before the job ran, and no node with that allowance
+    could hold it."""
     limit = int(settings.job_disk_gib * disk_watch.GIB) or None
     try:
         return checkpoints.stage_resume(
@@ -284,6 +285,7 @@ def resume_from(
             staging,
             limit,
             job_id=grant.job_id,
+            attempt=grant.attempt,
         )
     except checkpoints.ResumeTooLarge as exc:
         raise JobInputError(

@@ -3,7 +3,9 @@
 While the job runs: lines on its control socket become ``job.metrics`` (every point within
 the job's bound, ``metric_limits``, in batches: ``domain.MetricBatcher``; what the bound
 drops is counted in notices in the job's log), ``job.progress`` (throttled, the newest kept) and, for checkpoints it staged, an upload to the job's own prefix
-(``checkpoints.commit_staged``) followed by ``checkpoint.saved``; its output goes to
+(``checkpoints.commit_staged``) followed by ``checkpoint.saved``. A job that resumed has,
+beside it, the checkpoints its earlier attempts left older than the one it resumed from
+pruned (``checkpoints.prune_earlier_attempts``; the end waits for it). Its output goes to
 ``<work_dir>/jobs/<job>/<allocation>.log``, is shipped to the object store in chunks about
 every second (``logstream.LogShipper``) and feeds a tail kept for ``job.failed``; it never
 goes into the runner's own log. A job of several processes (under torchrun) has each rank's
@@ -189,6 +191,8 @@ class JobRun:
             suffix=".jsonl",
         )
         self._sampler: asyncio.Task[None] | None = None
+        self._pruner: asyncio.Task[None] | None = None
+        """The prune of earlier attempts' checkpoints this attempt started with."""
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self._refused_connections = 0
@@ -279,6 +283,14 @@ class JobRun:
             raise
         self._shipper.start()
         self._metrics_shipper.start()
+        if self._resumed_from is not None:
+            # Beside the job, not before it: storage freed a little later is better than a
+            # start held up by the store.
+            self._pruner = background.start(
+                self._prune_earlier_attempts(self._resumed_from),
+                f"the checkpoint prune of allocation {self.job.allocation_id}",
+                self.job.job_id,
+            )
         if self._usage is not None and self._gpu_indices:
             self._sampler = background.start(
                 self._sample_usage(),
@@ -513,7 +525,9 @@ class JobRun:
         ]
         # In the store now: the node's disk does not keep every attempt's output.
         await asyncio.to_thread(remove_shipped, shipped)
-        await self._retain_checkpoints()
+        if self._pruner is not None:
+            await self._pruner
+        await self._retain_checkpoints(succeeded=outcome.kind == "succeeded")
         metrics = domain.end_metrics(
             self._last_metrics,
             self._utilization,
@@ -547,7 +561,41 @@ class JobRun:
                 self.request_stop(StopRequest("over_limit", why), kill_grace_s)
                 return
 
-    async def _retain_checkpoints(self) -> None:
+    async def _prune_earlier_attempts(self, resumed: CheckpointRef) -> None:
+        """Delete the checkpoints of the job's earlier attempts this one no longer needs
+        (``checkpoints.prune_earlier_attempts``: older than ``resumed``, beyond the job's
+        ``checkpoints_keep``); a failure is logged, and the next attempt or the registry's
+        collector frees them."""
+        try:
+            deleted = await asyncio.to_thread(
+                checkpoints.prune_earlier_attempts,
+                self._checkpoint_store,
+                self.job.attempt,
+                resumed,
+                self._checkpoints_keep,
+            )
+        except Exception as exc:
+            log.warning(
+                "checkpoint prune of job %s's earlier attempts failed: %s", self.job.job_id, exc
+            )
+            return
+        if deleted:
+            log.info("job %s: deleted %d checkpoints of earlier attempts", self.job.job_id, deleted)
+
+    async def _retain_checkpoints(self, *, succeeded: bool) -> None:
+        """Delete this attempt's checkpoints beyond the retention
+        (``checkpoints.apply_retention``) and, when it ``succeeded``, mark its artifact
+        (its last checkpoint) so that no later attempt's retention deletes it
+        (``checkpoints.mark_succeeded``: its success may be reported late). A failure is
+        logged: the outcome is never held up or lost for storage."""
+        last = self._last_checkpoint
+        if succeeded and last is not None:
+            try:
+                await asyncio.to_thread(
+                    checkpoints.mark_succeeded, self._checkpoint_store, last, self.job.attempt
+                )
+            except Exception as exc:
+                log.warning("job %s: its artifact was not marked: %s", self.job.job_id, exc)
         protected = {
             ref.uri for ref in (self._resumed_from, self._last_checkpoint) if ref is not None
         }
@@ -558,6 +606,7 @@ class JobRun:
                 self._checkpoints_keep,
                 [ref for ref in (self._resumed_from, *self._saved) if ref is not None],
                 protected,
+                attempt=self.job.attempt,
             )
         except Exception as exc:  # storage freed later is better than an outcome lost now
             log.warning("checkpoint retention of job %s failed: %s", self.job.job_id, exc)

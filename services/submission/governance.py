@@ -7,7 +7,8 @@ Contract:
   is logged) (``flavor_replica``,
   ``budget_replica``), anything else to ``dispatch``. Each replica row keeps the highest
   revision it saw: redelivery and reordering never bring back an older state (the budget
-  replica through ``shared.budget_states.keep``, as the scheduler's).
+  replica through ``shared.budget_states.keep``, as the scheduler's: a state whose ``rates``
+  were unreadable is kept with the rates the row had).
 - ``known_flavors(pool, bootstrap)``: the flavors a job may ask for: the bootstrap list
   (the ``flavors`` setting, so a fresh install works before any operator declares one) and
   every flavor the scheduler declared, less those it retired since.

@@ -11,7 +11,17 @@ import re
 from datetime import datetime
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    ValidationError,
+    ValidationInfo,
+    model_validator,
+)
 
 # Defined by the client distribution (the job <-> runner contract) and carried in events.
 from trainyard.control import CheckpointRef as CheckpointRef
@@ -738,6 +748,7 @@ class FlavorRetired(Payload):
 
 
 RATE_PATTERN = r"^\d{1,10}(\.\d{1,6})?$"
+MAX_PRICED_FLAVORS = 1000
 
 
 class ReservationRates(BaseModel):
@@ -784,12 +795,19 @@ class BudgetUpdated(Payload):
     on_exhausted: BudgetOnExhausted = "finish"
     """What the scheduler does with the budget's running jobs while it is exhausted (absent
     from a state said before the field existed: ``finish``)."""
-    rates: dict[str, ReservationRates] | None = Field(default=None, max_length=1000)
+    rates: dict[str, ReservationRates] | None = Field(default=None, max_length=MAX_PRICED_FLAVORS)
     """Per priced flavor, what a job of it is reserved at (``ReservationRates``), for a
     budget whose spent state holds queued jobs: the scheduler starts a job of its team (or
     project) only while its worst case fits in what is left (docs/scheduling.md, "Budgets
     that hold queued jobs"). None (a state said before the field existed, or of a budget
-    that holds nothing): nothing is reserved, the budget holds only once it is spent."""
+    that holds nothing): nothing is reserved, the budget holds only once it is spent.
+    At most ``MAX_PRICED_FLAVORS`` (billing's price book holds no more flavors).
+
+    Read from the wire (JSON), ``rates`` that do not validate (a billing of another
+    version, a malformed rate) do not refuse the state: the rest of it (whether the budget
+    is spent above all) is good and must be applied, so the state is read without them
+    (None) and ``rates_unread`` says why; a replica then keeps the rates it had
+    (``shared.budget_states.keep``). Built in Python (the producer), they are refused."""
     spent_at: Instant | None = None
     """When ``spent`` was measured (billing's clock): what the allocations still running had
     accrued up to this instant is part of it. None (a state said before the field existed):
@@ -800,6 +818,37 @@ class BudgetUpdated(Payload):
     ``spent_at``, and any other its whole worst case. None (a state said before the field
     existed, of a budget that reserves nothing, or with more running allocations than
     ``MAX_ACCRUING``): each running job is reserved its whole worst case."""
+    _rates_error: ValidationError | None = PrivateAttr(default=None)
+
+    @property
+    def rates_unread(self) -> str | None:
+        """Why the ``rates`` of this state, read from the wire, were left out: each bad field
+        by its path (``rates.<flavor>.<rate>``) and what is wrong, in plain words, ``; ``
+        between them; None when they were read, or there were none."""
+        if self._rates_error is None:
+            return None
+        # Imported here: http_errors stands on the bus, which stands on this module.
+        from trainyard_platform.shared.http_errors import field_errors
+
+        said = [f"{e.field}: {e.message}" for e in field_errors(self._rates_error)]
+        more = f"; and {len(said) - 5} more" if len(said) > 5 else ""
+        return "; ".join(said[:5]) + more
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _read_without_bad_rates(
+        cls, data: Any, handler: ModelWrapValidatorHandler[BudgetUpdated], info: ValidationInfo
+    ) -> BudgetUpdated:
+        """From JSON, a state whose only bad field is ``rates`` is read without them."""
+        try:
+            return handler(data)
+        except ValidationError as exc:
+            only_rates = all(e["loc"][:1] == ("rates",) for e in exc.errors())
+            if info.mode != "json" or not isinstance(data, dict) or not only_rates:
+                raise
+            state = handler({k: v for k, v in data.items() if k != "rates"})
+            state._rates_error = exc
+            return state
 
 
 class BudgetThresholdCrossed(Payload):

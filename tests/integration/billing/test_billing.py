@@ -18,7 +18,7 @@ from trainyard_platform.services.billing.service import seed_prices
 from trainyard_platform.shared.access import service_guard
 from trainyard_platform.shared.bus import REASON_HEADER, Reject
 from trainyard_platform.shared.events import Envelope, Payload
-from trainyard_platform.shared.events.payloads import AllocationReleased
+from trainyard_platform.shared.events.payloads import MAX_PRICED_FLAVORS, AllocationReleased
 from trainyard_platform.shared.events.trust import owner
 from trainyard_platform.shared.runtime import StartupRefused
 
@@ -175,6 +175,34 @@ async def test_a_changed_currency_is_refused_at_start_naming_the_setting(
     await seed_prices(  # the same currency starts as before
         pool, Settings(prices={"h200": 5.5}, currency="USD", admin_token=SecretStr("t"))
     )
+
+
+async def test_settings_that_take_the_book_past_its_flavors_are_refused_at_start(
+    pool: asyncpg.Pool,
+) -> None:
+    """The book holds at most ``MAX_PRICED_FLAVORS`` flavors (each budget that reserves says
+    the rates of every one in one event): settings that would price new flavors past them
+    refuse the start, in one line naming the setting, and seed nothing."""
+    await pool.executemany(
+        "INSERT INTO prices (flavor, effective_from, price_per_gpu_hour, currency, set_by, "
+        "recorded_at) VALUES ($1, '1970-01-01Z', 1, 'USD', 'test', now())",
+        [(f"f{i}",) for i in range(MAX_PRICED_FLAVORS - 3)],  # with cpu and a100: 1 left
+    )
+    before = await pool.fetch("SELECT * FROM prices ORDER BY flavor")
+    too_many = {"h200": 5.5, "b200": 6.0}
+    with pytest.raises(StartupRefused) as refused:
+        await seed_prices(
+            pool, Settings(prices=too_many, currency="USD", admin_token=SecretStr("t"))
+        )
+    assert str(refused.value).startswith(
+        f"TRAINYARD_BILLING_PRICES would price 2 new flavors, {MAX_PRICED_FLAVORS + 1} in all"
+    )
+    assert await pool.fetch("SELECT * FROM prices ORDER BY flavor") == before
+    # Up to the bound, and flavors priced already, start as ever.
+    await seed_prices(
+        pool, Settings(prices={"h200": 5.5, "a100": 1}, currency="USD", admin_token=SecretStr("t"))
+    )
+    assert await pool.fetchval("SELECT count(DISTINCT flavor) FROM prices") == MAX_PRICED_FLAVORS
 
 
 async def test_usage_summary_per_team_user_and_job(billing: Billing) -> None:

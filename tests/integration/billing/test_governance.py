@@ -26,9 +26,12 @@ from trainyard_platform.services.billing import ledger_repository as ledger_repo
 from trainyard_platform.services.billing.api import create_app
 from trainyard_platform.services.billing.budgets import month_start
 from trainyard_platform.services.billing.handlers import BillingHandlers
+from trainyard_platform.services.billing.service import say_budgets
 from trainyard_platform.shared.access import service_guard
+from trainyard_platform.shared.bus import DEFAULT_MAX_PAYLOAD
 from trainyard_platform.shared.events import Envelope, Payload, parse_envelope
 from trainyard_platform.shared.events.payloads import (
+    MAX_PRICED_FLAVORS,
     AllocationReleased,
     BudgetThresholdCrossed,
     BudgetUpdated,
@@ -1013,6 +1016,133 @@ async def test_a_price_change_reads_the_book_once_for_every_budget_that_reserves
     assert reads == 1
     *_, said = await _states(pool, "vision")
     assert said.rates is not None and said.rates["a100"].gpu_hour == "2.5"
+
+
+async def _fill_book(pool: asyncpg.Pool, flavors: int) -> None:
+    """Price flavors until the book has ``flavors`` of them, each with the longest name and
+    the dearest prices a rate says (the largest ``budget.updated`` a book of that size
+    makes)."""
+    have = await pool.fetchval("SELECT count(DISTINCT flavor) FROM prices")
+    dearest = Decimal("9999999999.999999")
+    rows = [(f"f{i:039d}", dearest) for i in range(flavors - have)]
+    await pool.executemany(
+        "INSERT INTO prices (flavor, effective_from, price_per_gpu_hour, currency, set_by, "
+        "recorded_at) VALUES ($1, '1970-01-01Z', $2, 'USD', 'test', now())",
+        rows,
+    )
+    for resource in ("cpu", "memory"):
+        await pool.executemany(
+            "INSERT INTO resource_prices (flavor, resource, effective_from, price_per_unit_hour, "
+            "currency, set_by, recorded_at) "
+            f"VALUES ($1, '{resource}', '1970-01-01Z', $2, 'USD', 'test', now())",
+            rows,
+        )
+
+
+async def test_a_book_at_its_bound_is_said_whole_and_a_flavor_past_it_is_refused(
+    pool: asyncpg.Pool, client: httpx.AsyncClient
+) -> None:
+    """A budget that reserves says the rates of every priced flavor: a book of
+    ``MAX_PRICED_FLAVORS`` flavors, the dearest and longest-named, is said whole, in an
+    event that fits the bus's default ``max_payload``; the price API refuses to price one
+    more flavor (422 naming ``flavor``), rather than take a price that would leave every
+    budget that reserves unsaid (and its bills failing)."""
+    await _fill_book(pool, MAX_PRICED_FLAVORS)
+    put = await client.put(
+        "/v1/budgets/ml", json={"amount": "1000", "policy": "refuse"}, headers=ML_ADMIN
+    )
+    assert put.status_code == 201, put.text
+    (said,) = await _states(pool, "ml")
+    assert said.rates is not None and len(said.rates) == MAX_PRICED_FLAVORS
+    body = await pool.fetchval(
+        "SELECT body FROM outbox WHERE event_id = $1", f"budget:ml::{said.revision}"
+    )
+    assert len(body) < DEFAULT_MAX_PAYLOAD // 2
+
+    at = datetime.now(UTC)
+    await feed(
+        pool, catalogue_event(FlavorDeclared(name="b300", revision=1, declared_at=at), "b300")
+    )
+    refused = await client.put(
+        "/v1/prices/b300", json={"price_per_gpu_hour": "9"}, headers=OPERATOR
+    )
+    assert "1000 flavors" in errors(refused)["flavor"]
+    assert await catalogue.price_rows(pool, "b300") == []  # type: ignore[arg-type]
+    # A flavor of the book is priced again as ever.
+    repriced = await client.put(
+        "/v1/prices/a100", json={"price_per_gpu_hour": "3"}, headers=OPERATOR
+    )
+    assert repriced.status_code == 201, repriced.text
+
+
+async def test_billing_says_every_budget_again_at_start_with_the_next_revision(
+    pool: asyncpg.Pool, client: httpx.AsyncClient
+) -> None:
+    """A replica's rows kept before it gained ``rates`` (submission's migration 0012, the
+    scheduler's 0013) reserve nothing until billing says the budget again: billing says every
+    budget's state at start, as it is, each with a revision above all said before (a replica
+    keeps it) and the rates of a budget that reserves; a deleted budget is not said again."""
+    for path, body, headers in (
+        ("/v1/budgets/ml", {"amount": "1000", "policy": "refuse"}, ML_ADMIN),
+        ("/v1/budgets/ml/nlp", {"amount": "50", "on_exhausted": "stop"}, ML_ADMIN),
+        ("/v1/budgets/vision", {"amount": "1000"}, OPERATOR_USER),
+        ("/v1/budgets/vision/gone", {"amount": "10"}, OPERATOR_USER),
+    ):
+        put = await client.put(path, json=body, headers=headers)
+        assert put.status_code == 201, put.text
+    gone = await client.delete("/v1/budgets/vision/gone", headers=OPERATOR_USER)
+    assert gone.status_code == 204, gone.text
+    before = {
+        (s.team, s.project): s for s in await _states(pool, "ml") + await _states(pool, "vision")
+    }
+    highest = max(s.revision for s in before.values())
+
+    await say_budgets(pool, batch=2)  # in two transactions: 2 budgets, then 1
+
+    after = [
+        s for s in await _states(pool, "ml") + await _states(pool, "vision") if s.revision > highest
+    ]
+    assert sorted((s.team, s.project or "") for s in after) == [
+        ("ml", ""),
+        ("ml", "nlp"),
+        ("vision", ""),
+    ]
+    for state in after:
+        old = before[(state.team, state.project)]
+        # The same state, said again: only its revision and when spent was measured differ.
+        same = {"revision", "spent_at"}
+        assert state.model_dump(exclude=same) == old.model_dump(exclude=same)
+        assert state.spent_at is not None
+    assert {(s.project, s.rates is not None) for s in after if s.team == "ml"} == {
+        (None, True),
+        ("nlp", True),
+    }
+
+
+async def test_a_book_priced_past_its_bound_before_is_said_so_at_start(
+    pool: asyncpg.Pool, client: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A book priced past ``MAX_PRICED_FLAVORS`` before the bound (the settings seeded it):
+    no state of a budget that reserves can say its rates. Billing still starts, saying the
+    other budgets again, and logs at error level what it could not say and what to do."""
+    for path, body, headers in (
+        ("/v1/budgets/ml", {"amount": "1000", "policy": "refuse"}, ML_ADMIN),
+        ("/v1/budgets/vision", {"amount": "1000"}, OPERATOR_USER),
+    ):
+        put = await client.put(path, json=body, headers=headers)
+        assert put.status_code == 201, put.text
+    await _fill_book(pool, MAX_PRICED_FLAVORS + 1)
+    (vision,) = await _states(pool, "vision")
+
+    await say_budgets(pool, batch=1)
+
+    assert len(await _states(pool, "ml")) == 1
+    assert [s.revision > vision.revision for s in await _states(pool, "vision")] == [False, True]
+    (logged,) = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert logged.startswith(
+        f"budgets: 1 not said again at start: the price book has {MAX_PRICED_FLAVORS + 1} "
+        f"flavors with a GPU price, more than the {MAX_PRICED_FLAVORS}"
+    )
 
 
 async def test_a_state_says_when_spent_was_measured_and_which_running_allocations_it_counts(

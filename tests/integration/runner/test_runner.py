@@ -378,6 +378,74 @@ async def test_the_job_resumes_only_from_the_checkpoint_its_grant_names(
         assert {"step-00000005-a0001", "step-00000020-a0001"} <= kept
 
 
+async def test_an_attempt_prunes_what_earlier_attempts_left_on_a_real_s3_endpoint(
+    settings: Settings,
+    start_runner: StartRunner,
+    bus: Bus,
+    events: EventLog,
+    launches: Path,
+    code_dir: Path,
+) -> None:
+    """Retention ran only at an attempt's end, over that attempt's own checkpoints: attempt
+    1, whose node died, never pruned, and attempt 2 left its older ones, so every restart
+    left a set in the store for good. Attempt 3 resumes from attempt 2's step 9 and, on a
+    real S3 endpoint, deletes its predecessors' checkpoints older than that one beyond the
+    job's ``checkpoints_keep`` (here 2); the lost attempt's newer one, its own, and another
+    job's checkpoints stay."""
+    with S3Server() as s3:
+        storage = s3.storage_settings(f"s3://runner-{uuid.uuid4().hex[:12]}")
+        settings = settings.model_copy(update={"storage": storage, "checkpoints_keep": 2})
+        store = open_store(storage.uri, storage)
+        code = upload_bundle(store, "team-a", code_dir)
+        allocation = grant(settings.node_id, ["restored", str(launches)], code=code)
+        folder = f"jobs/{allocation.job_id}/checkpoints"
+
+        def put(job_folder: str, step: int, attempt: int, manifest: bool = True) -> CheckpointRef:
+            key = f"step-{step:08d}-a{attempt:04d}"
+            data = f"weights {step}".encode()
+            store.put_bytes(f"{job_folder}/{key}/checkpoint.pt", data)
+            if manifest:
+                said = {"step": step, "object": f"{key}/checkpoint.pt", "size_bytes": len(data)}
+                store.put_bytes(f"{job_folder}/{key}/manifest.json", json.dumps(said).encode())
+            return CheckpointRef(
+                uri=store.uri_for(f"{job_folder}/{key}/checkpoint.pt"),
+                manifest_uri=store.uri_for(f"{job_folder}/{key}/manifest.json"),
+                step=step,
+                size_bytes=len(data),
+                sha256=hashlib.sha256(data).hexdigest(),
+            )
+
+        for step in (1, 2, 3):
+            put(folder, step, attempt=1)
+        put(folder, 4, attempt=1, manifest=False)  # its node died mid-upload
+        put(folder, 12, attempt=1)  # the lost attempt went on past the failover
+        for step in (6, 7, 8):
+            put(folder, step, attempt=2)
+        resumed = put(folder, 9, attempt=2)
+        other = f"jobs/job-{uuid.uuid4().hex[:8]}/checkpoints"
+        put(other, 1, attempt=1)
+        allocation = allocation.model_copy(update={"attempt": 3, "resume": resumed})
+        await start_runner(settings)
+        await publish(bus, allocation, settings.node_id)
+        await events.first(JobSucceeded, allocation.job_id)
+        assert json.loads((launches / "restored").read_text()) == {"step-00000009": "weights 9"}
+        kept = {k.split("/")[0] for k in open_store(store.uri_for(folder), storage).list("step-")}
+        assert kept == {
+            "step-00000008-a0002",  # the newest older one: keep 2 with the resumed one
+            "step-00000009-a0002",  # resumed from
+            "step-00000012-a0001",  # newer than the resumed one: the lost attempt's
+            "step-00000005-a0003",  # this attempt's own
+        }
+        # Marked as resumed by attempt 3: attempt 2, should it still run, keeps it; and
+        # the artifact attempt 3 succeeded with, which no later attempt's prune deletes.
+        assert store.exists(f"{folder}/step-00000009-a0002/resumed-a0003")
+        assert store.exists(f"{folder}/step-00000005-a0003/succeeded-a0003")
+        assert store.list(other) == [
+            f"{other}/step-00000001-a0001/checkpoint.pt",
+            f"{other}/step-00000001-a0001/manifest.json",
+        ]
+
+
 async def test_a_checkpoint_overwritten_since_its_commit_fails_the_job_saying_why(
     settings: Settings, start_runner: StartRunner, bus: Bus, events: EventLog, launches: Path
 ) -> None:

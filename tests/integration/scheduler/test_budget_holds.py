@@ -5,11 +5,13 @@ lets other teams' jobs start, and releases them when the budget is raised."""
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from tests.integration.scheduler.conftest import Scheduler, preempted
+from trainyard_platform.shared.events import Envelope
 from trainyard_platform.shared.events.payloads import (
     AllocationGranted,
     AllocationRevoked,
@@ -19,6 +21,7 @@ from trainyard_platform.shared.events.payloads import (
     JobPending,
     ReservationRates,
 )
+from trainyard_platform.shared.events.trust import owner
 
 pytestmark = pytest.mark.integration
 
@@ -208,6 +211,32 @@ async def test_jobs_queued_together_start_only_as_far_as_the_budget_covers(
     await scheduler.send(room.model_copy(update={"amount": "10.000000", "revision": 2}), "vision")
     for job_id in waiting:
         await scheduler.wait_for(AllocationGranted, lambda g, j=job_id: g.job_id == j)
+
+
+async def test_a_spent_state_with_unreadable_rates_still_holds(scheduler: Scheduler) -> None:
+    """A ``budget.updated`` whose rates do not validate (a billing of another version, a
+    malformed rate) was dead-lettered whole, and the scheduler kept the state before it: a
+    budget that became spent held nothing. The state is applied without its rates: the
+    budget holds its queued jobs."""
+    await scheduler.submit("queued-1", gpus=1)
+    await scheduler.wait_for(JobPending, lambda p: p.job_id == "queued-1")
+    spent = state(1, exhausted=True).model_copy(
+        update={"rates": {"cpu": ReservationRates(gpu_hour="2.5")}}
+    )
+    envelope = Envelope.wrap(spent, source=owner(spent), subject="vision")
+    wire = json.loads(envelope.to_json())
+    wire["data"]["rates"]["cpu"]["gpu_hour"] = "2.5e3"  # no rate a billing of now says
+    await scheduler.bus.publish_raw(
+        envelope.nats_subject, json.dumps(wire).encode(), envelope.id, {}
+    )
+    await scheduler.processed(envelope)
+
+    (held,) = await scheduler.wait_for(
+        JobPending, lambda p: p.job_id == "queued-1" and p.reason.startswith("held:")
+    )
+    assert held.blocking == "budget of team vision"
+    row = await scheduler.pool.fetchrow("SELECT exhausted, rates FROM budget_states")
+    assert row is not None and (row["exhausted"], row["rates"]) == (True, None)
 
 
 async def test_a_running_job_s_cost_billing_counts_is_not_reserved_again(

@@ -5,12 +5,15 @@ states come in."""
 
 from __future__ import annotations
 
+import json
+import logging
 from datetime import UTC, datetime
 
 import asyncpg
 import pytest
 
 from trainyard_platform.shared.budget_states import FIELDS, OPTIONAL, keep
+from trainyard_platform.shared.events import Envelope, parse_envelope
 from trainyard_platform.shared.events.payloads import BudgetUpdated
 
 pytestmark = pytest.mark.integration
@@ -88,6 +91,46 @@ async def test_a_replica_keeps_only_the_fields_it_names(pool: asyncpg.Pool) -> N
                 await keep(conn, table, state(6), names)
     row = await pool.fetchrow("SELECT deleted, revision FROM narrow")
     assert row is not None and (row["deleted"], row["revision"]) == (True, 4)
+
+
+async def test_a_state_with_unreadable_rates_is_kept_with_the_rates_the_row_had(
+    pool: asyncpg.Pool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A ``budget.updated`` whose rates do not validate (``rates_unread``) was refused whole,
+    and the replica kept the state before it: a budget that became spent held nothing. It is
+    kept now, every other field with it, and the row keeps the rates it had (a new row none:
+    it reserves nothing), with a warning naming the budget, the field and why."""
+    await pool.execute(
+        f"CREATE TABLE reserving ({COLUMNS.format(extra='on_exhausted text, rates jsonb,')})"
+    )
+    fields = (*FIELDS, "rates")
+    readable = {"a100": {"gpu_hour": "2.5", "cpu_hour": "0", "memory_gib_hour": "0"}}
+    unreadable = {"a100": {"gpu_hour": "2.5e3"}}
+    async with pool.acquire() as conn:
+        assert await keep(conn, "reserving", state(3, rates=readable), fields) is True
+        spent = read(state(5, spent="100", exhausted=True), rates=unreadable)
+        assert await keep(conn, "reserving", spent, fields) is True
+        new = read(state(6, project="nlp", exhausted=True), rates=unreadable)
+        assert await keep(conn, "reserving", new, fields) is True
+    rows = await pool.fetch(
+        "SELECT project, exhausted, spent, rates, revision FROM reserving ORDER BY project"
+    )
+    assert [
+        (r["project"], r["exhausted"], r["spent"], r["rates"], r["revision"]) for r in rows
+    ] == [("", True, "100", readable, 5), ("nlp", True, "10", None, 6)]
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 2
+    assert "budget of team ml revision 5: kept without its rates" in warned[0]
+    assert "rates.a100.gpu_hour: must match the pattern" in warned[0]
+
+
+def read(fresh: BudgetUpdated, **data: object) -> BudgetUpdated:
+    """``fresh`` as a consumer reads it off the wire, with ``data`` changed in its payload."""
+    raw = json.loads(Envelope.wrap(fresh, source="trainyard/billing", subject="ml").to_json())
+    raw["data"].update(data)
+    parsed = parse_envelope(json.dumps(raw).encode()).data
+    assert isinstance(parsed, BudgetUpdated)
+    return parsed
 
 
 async def test_the_optional_fields_are_kept_as_json_and_an_instant(pool: asyncpg.Pool) -> None:

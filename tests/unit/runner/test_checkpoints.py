@@ -18,7 +18,11 @@ from trainyard_platform.services.runner.checkpoints import (
     apply_retention,
     commit_staged,
     complete_folders,
+    mark_succeeded,
+    prune_earlier_attempts,
+    resumed_mark,
     stage_resume,
+    succeeded_mark,
 )
 from trainyard_platform.shared.events.payloads import CheckpointRef
 from trainyard_platform.shared.storage import LocalStore
@@ -270,7 +274,7 @@ def test_retention_keeps_the_newest_and_protected_ones(tmp_path: Path) -> None:
         stage(staging, step, f"s{step}".encode())
         committed.append(commit_staged(staging, step, store, attempt=1))
     protected = {store.uri_for("step-00000001-a0001/checkpoint.pt")}
-    assert apply_retention(store, 2, committed, protected) == 3
+    assert apply_retention(store, 2, committed, protected, attempt=1) == 3
     assert [s for s, _, _ in complete_folders(store)] == [1, 5, 6]
     assert store.list("step-00000002") == []
 
@@ -407,7 +411,166 @@ def test_retention_chooses_among_the_jobs_own_checkpoints_never_forged_folders(
         stage(staging, step, b"forged")
         commit_staged(staging, step, store, attempt=9)
     protected = {resumed.uri, saved[-1].uri}
-    assert apply_retention(store, 2, [resumed, *saved], protected) == 1
+    assert apply_retention(store, 2, [resumed, *saved], protected, attempt=2) == 1
     steps = [s for s, _, _ in complete_folders(store)]
     assert steps == [1, 3, 4, *range(100, 106)]
     assert store.list("step-00000002") == []
+
+
+def _commit(store: LocalStore, staging: Path, step: int, attempt: int) -> CheckpointRef:
+    stage(staging, step, f"weights {step} of attempt {attempt}".encode())
+    return commit_staged(staging, step, store, attempt=attempt)
+
+
+def _folders(store: LocalStore) -> list[str]:
+    return sorted({key.split("/")[0] for key in store.list("step-")})
+
+
+def test_an_attempt_prunes_the_checkpoints_earlier_attempts_left(tmp_path: Path) -> None:
+    """Retention ran only at an attempt's end and only over that attempt's own checkpoints:
+    what attempts 1 and 2 left (attempt 1 died without pruning; attempt 2 pruned only its
+    own) stayed in the store for good, one set per restart. Attempt 3, resuming from step
+    9, keeps that one and the job's ``keep - 1`` newest older ones, and deletes the rest of
+    its predecessors' (an object left without a manifest too)."""
+    staging, store = tmp_path / "staging", LocalStore(tmp_path / "store")
+    for step in (1, 2, 3, 4):
+        _commit(store, staging, step, attempt=1)
+    store.put_bytes("step-00000005-a0001/checkpoint.pt", b"torn: its node died mid-upload")
+    for step in (6, 7, 8):
+        _commit(store, staging, step, attempt=2)
+    resumed = _commit(store, staging, 9, attempt=2)
+
+    assert prune_earlier_attempts(store, 3, resumed, keep=3) == 6
+    assert _folders(store) == ["step-00000007-a0002", "step-00000008-a0002", "step-00000009-a0002"]
+    assert store.list("step-00000009-a0002/") == [
+        "step-00000009-a0002/checkpoint.pt",
+        "step-00000009-a0002/manifest.json",
+    ]
+    assert prune_earlier_attempts(store, 3, resumed, keep=3) == 0, "a second prune finds none"
+
+
+def test_the_prune_never_touches_newer_steps_this_or_later_attempts(tmp_path: Path) -> None:
+    """During a failover the attempt that was lost may still run: its checkpoints past the
+    one the new attempt resumes from (and so the one its late success would name) stay,
+    as do the new attempt's own, a later attempt's, and another folder of the resumed
+    step. ``keep=1`` keeps only the resumed checkpoint of what is older."""
+    staging, store = tmp_path / "staging", LocalStore(tmp_path / "store")
+    _commit(store, staging, 3, attempt=1)
+    resumed = _commit(store, staging, 5, attempt=1)
+    _commit(store, staging, 5, attempt=2)  # the same step, reached by another attempt
+    _commit(store, staging, 6, attempt=1)  # the lost attempt, still running
+    _commit(store, staging, 2, attempt=3)  # this attempt's own
+    _commit(store, staging, 1, attempt=4)  # a later attempt's
+    store.put_bytes("step-00000004-a0001/nested/key", b"not a checkpoint's layout")
+
+    assert prune_earlier_attempts(store, 3, resumed, keep=1) == 1
+    assert _folders(store) == [
+        "step-00000001-a0004",
+        "step-00000002-a0003",
+        "step-00000004-a0001",
+        "step-00000005-a0001",
+        "step-00000005-a0002",
+        "step-00000006-a0001",
+    ]
+
+
+def test_the_prune_reads_the_older_layout_and_tolerates_vanished_objects(
+    tmp_path: Path,
+) -> None:
+    """Folders of the older layout (``step-<n>/``) are of attempt 0; an object deleted
+    meanwhile (by the registry's collector, another attempt's prune) is no error."""
+    staging, store = tmp_path / "staging", LocalStore(tmp_path / "store")
+    for step in (1, 2):
+        _commit(store, staging, step, attempt=1)
+        for key in store.list(f"step-{step:08d}-a0001/"):
+            store.put_bytes(key.replace("-a0001", ""), store.get_bytes(key))
+            store.delete(key)
+    resumed = _commit(store, staging, 3, attempt=1)
+    listed = store.list
+
+    def list_then_lose(prefix: str = "") -> list[str]:
+        keys = listed(prefix)
+        if prefix == "step-":
+            store.delete("step-00000001/checkpoint.pt")
+        return keys
+
+    store.list = list_then_lose  # type: ignore[method-assign]
+    assert prune_earlier_attempts(store, 2, resumed, keep=1) == 2
+    assert _folders(store) == ["step-00000003-a0001"]
+
+
+def test_the_prune_deletes_nothing_for_a_resume_outside_the_prefix(tmp_path: Path) -> None:
+    staging, store = tmp_path / "staging", LocalStore(tmp_path / "store")
+    _commit(store, staging, 1, attempt=1)
+    other = LocalStore(tmp_path / "other")
+    elsewhere = _commit(other, staging, 9, attempt=1)
+    assert prune_earlier_attempts(store, 2, elsewhere, keep=1) == 0
+    assert _folders(store) == ["step-00000001-a0001"]
+    with pytest.raises(ValueError, match="keep must be at least 1"):
+        prune_earlier_attempts(store, 2, elsewhere, keep=0)
+
+
+def test_a_lost_attempt_never_deletes_the_checkpoint_a_later_one_resumed_from(
+    tmp_path: Path,
+) -> None:
+    """Attempt 1 was lost after reporting step 2; attempt 2 resumed from it. Attempt 1 ran
+    on and saved three more, and its end's retention (keep 2) deleted step 2, the job's
+    only checkpoint the platform knew: attempt 2, preempted before saving, was followed by
+    an attempt refused for a missing checkpoint. The resuming attempt marks the folder,
+    and an earlier attempt's retention keeps a folder a later attempt marked."""
+    staging, store = tmp_path / "staging", LocalStore(tmp_path / "store")
+    saved = [_commit(store, staging, step, attempt=1) for step in (1, 2, 3, 4, 5)]
+    reported = saved[1]
+    assert stage_resume(store, reported, tmp_path / "resume", attempt=2) == reported
+    assert store.exists(f"step-00000002-a0001/{resumed_mark(2)}")
+
+    assert apply_retention(store, 2, saved, {saved[-1].uri}, attempt=1) == 2
+    assert _folders(store) == ["step-00000002-a0001", "step-00000004-a0001", "step-00000005-a0001"]
+    # Its own mark, or an earlier attempt's, protects nothing from an attempt's retention.
+    left = [saved[1], saved[3], saved[4]]
+    assert apply_retention(store, 1, left, {saved[-1].uri}, attempt=2) == 2
+    assert _folders(store) == ["step-00000005-a0001"]
+
+
+def test_a_refused_resume_leaves_no_mark(tmp_path: Path) -> None:
+    staging, store = tmp_path / "staging", LocalStore(tmp_path / "store")
+    ref = _commit(store, staging, 7, attempt=1)
+    store.put_bytes("step-00000007-a0001/checkpoint.pt", b"other bytes")
+    with pytest.raises(ResumeRefused):
+        stage_resume(store, ref, tmp_path / "resume", attempt=2)
+    assert store.list("step-00000007-a0001/") == [
+        "step-00000007-a0001/checkpoint.pt",
+        "step-00000007-a0001/manifest.json",
+    ]
+    store.delete("step-00000007-a0001/checkpoint.pt")
+    with pytest.raises(ResumeRefused, match="missing"):
+        stage_resume(store, ref, tmp_path / "resume", attempt=2)
+    assert store.list("step-00000007-a0001/") == ["step-00000007-a0001/manifest.json"]
+
+
+def test_no_retention_deletes_the_artifact_an_attempt_succeeded_with(tmp_path: Path) -> None:
+    """Attempt 1 was declared lost but ran on and succeeded with step 4 while attempts 2
+    and 3 ran; its success, reported when its node is heard again, is kept and its model
+    registered from step 4. Attempt 3, resuming from attempt 2's step 9, deleted step 4
+    with the rest of attempt 1's: the registration found no checkpoint. A success's
+    artifact is marked, and no retention deletes a folder so marked."""
+    staging, store = tmp_path / "staging", LocalStore(tmp_path / "store")
+    saved = [_commit(store, staging, step, attempt=1) for step in (1, 2, 3, 4)]
+    assert mark_succeeded(store, saved[-1], 1)
+    resumed = _commit(store, staging, 9, attempt=2)
+
+    assert prune_earlier_attempts(store, 3, resumed, keep=1) == 3
+    assert _folders(store) == ["step-00000004-a0001", "step-00000009-a0002"]
+    assert store.exists(f"step-00000004-a0001/{succeeded_mark(1)}")
+    # Nor does an attempt's end, its own or another's.
+    for attempt in (1, 2):
+        assert apply_retention(store, 1, [saved[-1], resumed], {resumed.uri}, attempt=attempt) == 0
+    assert _folders(store) == ["step-00000004-a0001", "step-00000009-a0002"]
+    other = CheckpointRef(
+        uri="file:///elsewhere/step-00000004-a0001/checkpoint.pt",
+        manifest_uri="file:///elsewhere/step-00000004-a0001/manifest.json",
+        step=4,
+        size_bytes=1,
+        sha256="0" * 64,
+    )
+    assert not mark_succeeded(store, other, 1), "a ref outside the store marks nothing"
