@@ -248,6 +248,14 @@ CATALOGUE: Final = _specs(
         ("by",),
     ),
     MetricSpec(
+        "trainyard.scheduler.nodes.capped",
+        "gauge",
+        "{node}",
+        "Ready nodes the node inventory gives less than their heartbeat claims, by what it "
+        "capped: undeclared, gpu_flavor, gpu_count, topology",
+        ("field",),
+    ),
+    MetricSpec(
         "trainyard.scheduler.jobs.finished",
         "counter",
         "{job}",

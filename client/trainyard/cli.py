@@ -23,6 +23,7 @@
     trainyard nodes ls | show | cordon NODE --reason T | uncordon  nodes (operators, scheduler)
     trainyard nodes retire NODE                                   forget a node gone for good
     trainyard admin flavors|cohorts|queues|priority-classes ls|show|set|rm   configuration
+    trainyard admin node-inventory ls|show|set|rm NODE            what each node has (ops)
     trainyard admin prices ls | show FLAVOR | set FLAVOR --gpu-hour P  billing's price book
     trainyard budget ls | show TEAM | set TEAM --amount A | rm TEAM   monthly budgets (billing)
     trainyard whoami | tokens | token ... | user ... | audit      who may do what

@@ -10,22 +10,30 @@ priority classes) and billing's price book, without hand-written JSON.
     trainyard admin priority-classes ls | show NAME | rm NAME
     trainyard admin priority-classes set NAME [--value N] [--preemptible|--no-preemptible]
         [--min-runtime S] [--description D] [--replace]
+    trainyard admin node-inventory ls | show NODE | rm NODE          (operators)
+    trainyard admin node-inventory set NODE [--flavor F] [--gpus N]
+        [--topology T | --no-topology] [--description D] [--replace]
     trainyard admin prices ...                     billing's prices (``cli_prices``)
 
 Each kind is the scheduler's ``/v1/admin/{kind}`` routes: ``ls`` every page of ``GET
 /v1/admin/{kind}`` (the ``Link`` header followed), ``show`` ``GET .../{name}``, ``set`` ``PUT
 .../{name}`` and ``rm`` ``DELETE .../{name}``; ``--json`` prints the scheduler's answer
-(``rm``: ``{"removed": NAME}``). Reads are open to every user; writes are the operators' (403
-for anyone else).
+(``rm``: ``{"removed": NAME}``). Reads are open to every user but the node inventory's;
+writes are the operators' (403 for anyone else).
 
-``set`` of a queue or a priority class that exists changes only what its options name and
+The node inventory declares what each node has (its flavor, GPU count and, optionally, its
+topology), by node id: the scheduler never places more on a node than its declaration,
+whatever its runner's heartbeat claims, and ``show`` prints what the node claims and each
+field the declaration caps (docs/security.md, "A compromised runner node").
+
+``set`` of a queue, a priority class or a node's declaration that exists changes only what its options name and
 keeps the rest (``PATCH``, a JSON Merge Patch the scheduler applies under its lock: no other
 change falls between reading and writing): ``queues set vision --weight 2`` keeps the team,
 cohort and quotas; ``--quota``, ``--borrow`` and ``--lend`` change that flavor's figure
 alone, ``none`` lifts a limit, ``--remove-quota`` drops a flavor's quota, ``--no-cohort``
 leaves the cohort. When there is none yet (404), ``set`` creates it with ``PUT`` (a queue
 then needs ``--team``, a class ``--value`` and ``--preemptible``, or the scheduler names
-what is missing); that ``PUT`` says ``If-None-Match: *``, so one another admin created since
+what is missing; a declaration ``--flavor`` and ``--gpus``); that ``PUT`` says ``If-None-Match: *``, so one another admin created since
 the patch is not replaced: the scheduler answers 412 and ``set`` patches it instead, once
 (``cli_base.patch_or_create``). ``--replace`` sends the whole definition with ``PUT``
 instead: what it leaves out takes the route's default (no cohort, weight 1, no quotas, an
@@ -122,8 +130,10 @@ class Kind:
     is always a ``PUT``)."""
     create: str = "NAME"
     """What ``set`` needs to create one (an empty ``ls`` says it)."""
-    """The merge patch of ``set``'s options, for a kind the scheduler patches (None: ``set``
-    is always a ``PUT``)."""
+    key: str = "name"
+    """The field of a view that names it (its path's last segment)."""
+    readers: str = "every user"
+    """Who may read them (writes are the operators')."""
 
     def path(self, name: str | None = None) -> str:
         return f"/v1/admin/{self.name}" + ("" if name is None else f"/{segment(name)}")
@@ -258,6 +268,53 @@ def _class_body(args: argparse.Namespace) -> dict[str, Any]:
     return {**body, **_described(args)}
 
 
+def _node_options(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--flavor", help="its GPUs' flavor (to declare it)")
+    sub.add_argument("--gpus", type=int, help="the most GPUs it is placed on (to declare it)")
+    topology = sub.add_mutually_exclusive_group()
+    topology.add_argument("--topology", help="its topology domain, whatever it claims")
+    topology.add_argument(
+        "--no-topology", action="store_true", help="take the topology its heartbeat claims"
+    )
+    _description_option(sub)
+    _replace_option(sub)
+
+
+def _node_body(args: argparse.Namespace) -> dict[str, Any]:
+    """The body of a ``PUT`` of a node's declaration: the options given."""
+    body: dict[str, Any] = {}
+    for option, field in (
+        ("flavor", "gpu_flavor"),
+        ("gpus", "gpu_count"),
+        ("topology", "topology"),
+    ):
+        if getattr(args, option) is not None:
+            body[field] = getattr(args, option)
+    return {**body, **_described(args)}
+
+
+def _node_patch(args: argparse.Namespace) -> dict[str, Any]:
+    """The merge patch of a node's declaration: what the options name."""
+    return {**_node_body(args), **({"topology": None} if args.no_topology else {})}
+
+
+def claim_text(declared: dict[str, Any]) -> str:
+    """What a declared node's latest heartbeat claims: ``8 h200 (rack-1), ready``; ``-``:
+    never heard."""
+    claim = declared.get("reported")
+    if not claim:
+        return "-"
+    return (
+        f"{claim['gpu_count']} {claim['gpu_flavor']} ({claim['topology']}), "
+        f"{str(claim['status']).lower()}"
+    )
+
+
+def capped_text(declared: dict[str, Any]) -> str:
+    """Each field the declaration caps, with what the node gets; ``-``: none."""
+    return "; ".join(f"{c['field']}: {c['message']}" for c in declared.get("capped") or []) or "-"
+
+
 def quotas_text(quotas: dict[str, Any]) -> str:
     """A queue's quotas on one line, by flavor: ``h200=8 (borrow 4, lend 2)``; ``-``: none."""
     parts = []
@@ -336,6 +393,26 @@ KINDS = (
         _class_body,
         "NAME --value N --preemptible",
     ),
+    Kind(
+        "node-inventory",
+        "node declaration",
+        ("NODE", "FLAVOR", "GPUS", "TOPOLOGY", "CLAIMS", "CAPPED", "DESCRIPTION"),
+        lambda n: (
+            n["node_id"],
+            n["gpu_flavor"],
+            n["gpu_count"],
+            n["topology"] or "(as claimed)",
+            claim_text(n),
+            capped_text(n),
+            _one_line(n["description"]),
+        ),
+        _node_options,
+        _node_body,
+        _node_patch,
+        "NODE --flavor F --gpus N",
+        "node_id",
+        "operators",
+    ),
 )
 
 
@@ -345,7 +422,9 @@ def add_commands(
     """Add ``admin KIND ls|show|set|rm`` for each of ``KINDS`` and ``admin prices`` to the
     CLI's commands (``common``: the options every command takes)."""
     admin = command(
-        "admin", None, "the scheduler's flavors, cohorts, queues, priority classes; prices"
+        "admin",
+        None,
+        "the scheduler's flavors, cohorts, queues, priority classes, node inventory; prices",
     )
     kinds = admin.add_subparsers(dest="kind", required=True, metavar="KIND")
     for kind in KINDS:
@@ -358,7 +437,8 @@ def _add_kind(
     kind: Kind,
     common: argparse.ArgumentParser,
 ) -> None:
-    text = f"the scheduler's {kind.name.replace('-', ' ')} (writes: operators)"
+    who = "operators" if kind.readers == "operators" else "writes: operators"
+    text = f"the scheduler's {kind.name.replace('-', ' ')} ({who})"
     sub = kinds.add_parser(kind.name, parents=[common], help=text, description=text)
     actions = sub.add_subparsers(dest="action", required=True, metavar="ACTION")
 
@@ -368,19 +448,20 @@ def _add_kind(
         return parser
 
     action("ls", _lister(kind), f"every {kind.noun}")
+    metavar = kind.create.split()[0]
     show = action("show", _shower(kind), f"one {kind.noun}")
-    show.add_argument("name", metavar="NAME")
+    show.add_argument("name", metavar=metavar)
     text = (
         f"create a {kind.noun} or replace its whole definition (operators)"
         if kind.patch is None
         else f"create a {kind.noun}, or change only what the options name (operators)"
     )
     put = action("set", _setter(kind), text)
-    put.add_argument("name", metavar="NAME")
+    put.add_argument("name", metavar=metavar)
     kind.options(put)
     add_if_match(put)
     rm = action("rm", _remover(kind), f"delete a {kind.noun} (operators)")
-    rm.add_argument("name", metavar="NAME")
+    rm.add_argument("name", metavar=metavar)
     add_if_match(rm)
 
 
@@ -442,7 +523,7 @@ def _show_command(kind: Kind, name: str) -> str:
 def _show_set(session: Session, kind: Kind, done: str, found: dict[str, Any]) -> int:
     session.emit(
         found,
-        lambda: f"{done} {kind.noun} {found['name']}\n" + table(kind.header, [kind.row(found)]),
+        lambda: f"{done} {kind.noun} {found[kind.key]}\n" + table(kind.header, [kind.row(found)]),
     )
     return Exit.OK
 

@@ -131,9 +131,10 @@ def _asked(call: Callable[[], Any]) -> Any:
 
 
 def nodes_text(nodes: list[dict[str, Any]]) -> str:
-    """The nodes as a table, by id: GPUs in all, leased and free for new work (none on a lost
-    or cordoned node), ``ready``/``cordoned``/``lost``/``retired``, the last heartbeat, and
-    the cordon."""
+    """The nodes as a table, by id: GPUs in all (what it is placed on: no more than the node
+    inventory declares), leased and free for new work (none on a lost or cordoned node),
+    ``ready``/``cordoned``/``lost``/``retired`` with what the inventory capped of its claim,
+    the last heartbeat, and the cordon."""
     rows = [
         (
             node["node_id"],
@@ -158,11 +159,16 @@ NO_NODES = none_yet(
 
 
 def _state(node: dict[str, Any]) -> str:
+    """Its state, and what the node inventory capped of its claim: ``ready (capped:
+    gpu_count)`` (``trainyard admin node-inventory show NODE`` says how)."""
     if node.get("retired_at"):
         return "retired"
     if node["status"] == "LOST":
-        return "lost"
-    return "cordoned" if node.get("cordon") else str(node["status"]).lower()
+        state = "lost"
+    else:
+        state = "cordoned" if node.get("cordon") else str(node["status"]).lower()
+    capped = node.get("capped") or []
+    return f"{state} (capped: {', '.join(capped)})" if capped else state
 
 
 def cordon_text(cordon: dict[str, Any] | None) -> str:

@@ -21,6 +21,9 @@ PATTERN_WORDS: dict[str, str] = {
     r"^[a-z0-9][a-z0-9-]{0,39}$": (
         "a lower-case letter or a digit, then at most 39 lower-case letters, digits or '-'"
     ),
+    r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$": (
+        "1 to 63 lower-case letters, digits or '-', starting and ending with a letter or a digit"
+    ),
     r"^[A-Za-z0-9._ -]{1,100}$": "1 to 100 letters, digits, spaces, '.', '_' or '-'",
     r"^[\x20-\x7e]*$": "printable ASCII (no control characters or non-ASCII letters)",
     r"^[A-Za-z][A-Za-z0-9+.-]{0,31}:[^\s\x00-\x1f\x7f]+$": (

@@ -1,5 +1,6 @@
 """The operator's commands: define and delete flavors, cohorts, queues with quotas, priority
-classes; cordon and uncordon nodes (``cordon``), retire a node taken out for good.
+classes; declare what each node has (the node inventory, ``inventory``); cordon and uncordon
+nodes (``cordon``), retire a node taken out for good.
 
 Contract:
 - Every ``put_*`` validates the whole request first (unknown cohort or flavor, a team that
@@ -25,8 +26,15 @@ Contract:
   still heartbeats, or the scheduler has not yet declared it lost) and for one that still
   holds a live allocation or GPU lease (naming the jobs). Retiring a retired node changes
   nothing. Its next heartbeat makes it an ordinary node again (``repo.upsert_node``).
-- Every ``put_*``, ``patch_*`` and ``delete_*`` of a flavor, cohort, queue or priority
-  class takes the request's ``conditions`` (``shared.http_app.Preconditions``: ``If-Match:
+- ``put_node_declaration`` declares what a node has: a known flavor (422 naming
+  ``gpu_flavor`` otherwise), a GPU count, optionally a topology. It may name a node never
+  heard of (declared before its runner starts). A heartbeat never gets more than its node's
+  declaration (``inventory.cap``); the node is judged by a new or changed declaration at its
+  next heartbeat. Its view shows the node's latest claim and each field the declaration
+  caps. ``delete_node_declaration`` forgets it: the node is then undeclared (no GPU under
+  ``TRAINYARD_SCHEDULER_NODE_INVENTORY=required``), again from its next heartbeat.
+- Every ``put_*``, ``patch_*`` and ``delete_*`` of a flavor, cohort, queue, priority
+  class or node declaration takes the request's ``conditions`` (``shared.http_app.Preconditions``: ``If-Match:
   "<etag>"`` or ``*``, ``If-None-Match: *``), judged under the lock, against the
   resource's tag now (``*_tag``: of what a write sets, the same tag its ``GET`` answers),
   before anything changes: a false one raises ``shared.http_errors.PreconditionFailed``
@@ -34,12 +42,12 @@ Contract:
   creates: one another change made since the caller found none is not replaced; a write
   with the ETag the caller read is refused when another change fell between). A
   ``patch_*`` or ``delete_*`` of an absent name is ``NotFound`` whatever its conditions.
-- ``patch_queue`` and ``patch_priority_class`` change only the fields a JSON Merge Patch
+- ``patch_queue``, ``patch_priority_class`` and ``patch_node_declaration`` change only the fields a JSON Merge Patch
   names (RFC 7396: ``null`` puts a field back to its default); the result is judged as the
   ``PUT`` of it would be, read and written under the lock. A patch never creates (404).
 - Every ``delete_*`` raises ``NotFound`` (404) for an absent name, and ``Conflict`` (409,
-  naming what still uses it) rather than orphan anything: a flavor of a node, a quota or an
-  unfinished job; a cohort with queues; a queue or a priority class of unfinished jobs.
+  naming what still uses it) rather than orphan anything: a flavor of a node, a node
+  declaration, a quota or an unfinished job; a cohort with queues; a queue or a priority class of unfinished jobs.
 - Deleting a queue removes its quotas; its team falls back to its implicit queue
   (``default:<team>``). Finished jobs keep their history there: a queue they name becomes
   that implicit queue rather than vanish.
@@ -70,11 +78,14 @@ from trainyard_platform.services.scheduler import cordon
 from trainyard_platform.services.scheduler import repository as repo
 from trainyard_platform.services.scheduler.admin_schemas import (
     FLAVOR_PATTERN,
+    NODE_ID_PATTERN,
     CohortRequest,
     CohortView,
     CordonRequest,
     FlavorRequest,
     FlavorView,
+    NodeDeclarationRequest,
+    NodeDeclarationView,
     PriorityClassRequest,
     PriorityClassView,
     QueueConfigView,
@@ -82,6 +93,7 @@ from trainyard_platform.services.scheduler.admin_schemas import (
     check_name,
     cohort_view,
     flavor_view,
+    node_declaration_view,
     priority_class_view,
     queue_config_view,
     queue_request_of,
@@ -123,6 +135,17 @@ def priority_class_tag(view: PriorityClassView) -> str:
     return entity_tag(view.model_dump(mode="json", exclude={"name"}))
 
 
+def declaration_tag(view: NodeDeclarationView) -> str:
+    """The ETag of a node's declaration: of its definition (a ``PUT`` body; what the node
+    claims is its own)."""
+    return entity_tag(_declaration_of(view))
+
+
+def _declaration_of(view: NodeDeclarationView) -> dict[str, Any]:
+    """The ``PUT`` body that makes the declaration ``view`` shows (what a patch applies to)."""
+    return view.model_dump(include={"gpu_flavor", "gpu_count", "topology", "description"})
+
+
 async def _flavor_tag(conn: asyncpg.Connection, name: str) -> str | None:
     row = await admin_repo.flavor(conn, name)
     return None if row is None else flavor_tag(flavor_view(row))
@@ -146,7 +169,7 @@ async def _priority_class_tag(conn: asyncpg.Connection, name: str) -> str | None
 
 
 class NotFound(Exception):
-    """No such flavor, cohort, queue or priority class (404)."""
+    """No such flavor, cohort, queue, priority class, node or node declaration (404)."""
 
 
 class Conflict(Conflicting):
@@ -226,6 +249,7 @@ async def delete_flavor(
             f"flavor {name}",
             {
                 "nodes": await admin_repo.nodes_of_flavor(conn, name),
+                "the declarations of nodes": await admin_repo.declared_nodes_of_flavor(conn, name),
                 "the quotas of queues": await admin_repo.queues_with_quota_of(conn, name),
                 "unfinished jobs": await admin_repo.unfinished_jobs(conn, flavor=name),
             },
@@ -349,6 +373,102 @@ async def _node_cordon(
         node_id,
     )
     return None if row is None else NodeCordonView(node_id=node_id, cordon=cordon_view(row))
+
+
+# --- the node inventory ------------------------------------------------------------------
+
+
+async def put_node_declaration(
+    pool: asyncpg.Pool,
+    node_id: str,
+    body: NodeDeclarationRequest,
+    by: Principal,
+    conditions: Preconditions = NO_CONDITIONS,
+) -> tuple[NodeDeclarationView, bool]:
+    """Declare what ``node_id`` has, or replace its declaration (module contract)."""
+    check_name(node_id, NODE_ID_PATTERN, "node_id")
+    async with _writing(pool, by, "put node-inventory", node_id, body) as conn:
+        row = await admin_repo.declaration(conn, node_id, lock=True)
+        tag = None if row is None else declaration_tag(node_declaration_view(row))
+        conditions.check(f"the declaration of node {node_id}", tag)
+        return await _write_declaration(conn, node_id, body)
+
+
+async def patch_node_declaration(
+    pool: asyncpg.Pool,
+    node_id: str,
+    patch: Mapping[str, Any],
+    by: Principal,
+    conditions: Preconditions = NO_CONDITIONS,
+) -> NodeDeclarationView:
+    """Change the fields of the declaration of ``node_id`` that ``patch`` names, keep the
+    rest (as ``patch_queue``)."""
+    check_name(node_id, NODE_ID_PATTERN, "node_id")
+    async with _writing(pool, by, "patch node-inventory", node_id, patch) as conn:
+        row = await admin_repo.declaration(conn, node_id, lock=True)
+        if row is None:
+            raise NotFound(
+                f"node {node_id} is not declared; declare it with "
+                f"PUT /v1/admin/node-inventory/{node_id}"
+            )
+        current = node_declaration_view(row)
+        conditions.check(f"the declaration of node {node_id}", declaration_tag(current))
+        body = patched(NodeDeclarationRequest, _declaration_of(current), patch)
+        view, _ = await _write_declaration(conn, node_id, body)
+    return view
+
+
+async def _write_declaration(
+    conn: asyncpg.Connection, node_id: str, body: NodeDeclarationRequest
+) -> tuple[NodeDeclarationView, bool]:
+    if not await admin_repo.flavor_names(conn, [body.gpu_flavor]):
+        raise RequestInvalid.one(
+            "gpu_flavor",
+            f"unknown flavor {body.gpu_flavor}; declare it first with "
+            f"PUT /v1/admin/flavors/{body.gpu_flavor}",
+        )
+    created = await admin_repo.upsert_declaration(
+        conn, node_id, body.gpu_flavor, body.gpu_count, body.topology, body.description
+    )
+    row = await admin_repo.declaration(conn, node_id)
+    assert row is not None
+    return node_declaration_view(row), created
+
+
+async def delete_node_declaration(
+    pool: asyncpg.Pool, node_id: str, by: Principal, conditions: Preconditions = NO_CONDITIONS
+) -> None:
+    async with _writing(pool, by, "delete node-inventory", node_id) as conn:
+        row = await admin_repo.declaration(conn, node_id, lock=True)
+        if row is None:
+            raise NotFound(f"node {node_id} is not declared")
+        conditions.check(
+            f"the declaration of node {node_id}", declaration_tag(node_declaration_view(row))
+        )
+        await admin_repo.delete_declaration(conn, node_id)
+
+
+NODE_INVENTORY = paging.Cursor("GET /v1/admin/node-inventory", paging.text)
+
+
+async def list_node_declarations(
+    pool: asyncpg.Pool, limit: int, after: str | None = None
+) -> tuple[list[NodeDeclarationView], str | None]:
+    """A page of declarations by node id and the cursor of the next (None: the last)."""
+    key = NODE_INVENTORY.read(after)
+    async with pool.acquire() as conn:
+        fetched = await admin_repo.declarations(conn, limit + 1, key[0] if key else "")
+    rows, more = paging.split(fetched, limit)
+    cursor = NODE_INVENTORY.write(rows[-1]["node_id"]) if more else None
+    return [node_declaration_view(r) for r in rows], cursor
+
+
+async def get_node_declaration(pool: asyncpg.Pool, node_id: str) -> NodeDeclarationView:
+    async with pool.acquire() as conn:
+        row = await admin_repo.declaration(conn, node_id)
+    if row is None:
+        raise NotFound(f"node {node_id} is not declared")
+    return node_declaration_view(row)
 
 
 # --- cohorts ---------------------------------------------------------------------------

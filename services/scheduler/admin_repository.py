@@ -1,5 +1,5 @@
 """SQL of the operator's configuration: flavors, cohorts, queues with quotas, priority
-classes, and what uses them. One function per query, each taking a connection; tables are the
+classes, the node inventory, and what uses them. One function per query, each taking a connection; tables are the
 ``scheduler`` schema's (the pool's ``search_path``)."""
 
 from __future__ import annotations
@@ -113,6 +113,69 @@ async def retire_node(conn: asyncpg.Connection, node_id: str, now: datetime) -> 
         node_id,
         now,
     )
+
+
+# --- the node inventory ----------------------------------------------------------------
+
+_DECLARATION_VIEW = """SELECT i.node_id, i.gpu_flavor, i.gpu_count, i.topology, i.description,
+           n.reported_flavor, n.reported_gpu_count, n.reported_topology, n.status,
+           n.last_heartbeat
+    FROM node_inventory i LEFT JOIN nodes n ON n.node_id = i.node_id AND n.retired_at IS NULL"""
+"""A declaration with its node's latest claim (none for a node never heard, or retired)."""
+
+
+async def declarations(conn: asyncpg.Connection, limit: int, after: str = "") -> list[Row]:
+    """At most ``limit`` declarations of nodes after ``after``, by node id."""
+    rows: list[Row] = await conn.fetch(
+        f"{_DECLARATION_VIEW} WHERE i.node_id > $2 ORDER BY i.node_id LIMIT $1", limit, after
+    )
+    return rows
+
+
+async def declaration(conn: asyncpg.Connection, node_id: str, lock: bool = False) -> Row | None:
+    """The node's declaration (None: none), its row locked with ``lock``."""
+    row: Row | None = await conn.fetchrow(
+        f"{_DECLARATION_VIEW} WHERE i.node_id = $1" + (" FOR UPDATE OF i" if lock else ""),
+        node_id,
+    )
+    return row
+
+
+async def upsert_declaration(
+    conn: asyncpg.Connection,
+    node_id: str,
+    gpu_flavor: str,
+    gpu_count: int,
+    topology: str | None,
+    description: str,
+) -> bool:
+    """Declare the node (a new revision, so its next heartbeat is judged by it); True when
+    it was not declared before."""
+    created: bool = await conn.fetchval(
+        "INSERT INTO node_inventory (node_id, gpu_flavor, gpu_count, topology, description, "
+        "revision) VALUES ($1, $2, $3, $4, $5, nextval('node_inventory_revisions')) "
+        "ON CONFLICT (node_id) DO UPDATE SET gpu_flavor = EXCLUDED.gpu_flavor, "
+        "gpu_count = EXCLUDED.gpu_count, topology = EXCLUDED.topology, "
+        "description = EXCLUDED.description, revision = EXCLUDED.revision, updated_at = now() "
+        "RETURNING xmax = 0",
+        node_id,
+        gpu_flavor,
+        gpu_count,
+        topology,
+        description,
+    )
+    return created
+
+
+async def delete_declaration(conn: asyncpg.Connection, node_id: str) -> None:
+    await conn.execute("DELETE FROM node_inventory WHERE node_id = $1", node_id)
+
+
+async def declared_nodes_of_flavor(conn: asyncpg.Connection, flavor: str) -> list[str]:
+    rows = await conn.fetch(
+        "SELECT node_id FROM node_inventory WHERE gpu_flavor = $1 ORDER BY node_id", flavor
+    )
+    return [r["node_id"] for r in rows]
 
 
 async def queues_with_quota_of(conn: asyncpg.Connection, flavor: str) -> list[str]:

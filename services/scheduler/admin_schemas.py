@@ -15,12 +15,22 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from trainyard.patterns import pattern_message
+from trainyard_platform.services.scheduler.inventory import (
+    Capped,
+    Claim,
+    Declared,
+    InventoryMode,
+    cap,
+)
+from trainyard_platform.shared.events.payloads import MAX_NODE_GPUS
 from trainyard_platform.shared.http_errors import RequestInvalid
 
 NAME_PATTERN = r"^[a-z][a-z0-9-]{0,39}$"
 """Names of queues, cohorts and priority classes (the same rule as a job's ``priority``)."""
 FLAVOR_PATTERN = r"^[a-z0-9][a-z0-9-]{0,39}$"
 TEAM_PATTERN = r"^[A-Za-z0-9._-]{1,100}$"
+NODE_ID_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+"""A node's id, as a runner's (a DNS label: it is a NATS subject token)."""
 MAX_GPUS = 1_000_000
 
 Description = Annotated[str, Field(max_length=1000)]
@@ -47,6 +57,19 @@ class CordonRequest(_Request):
         if not self.reason.strip():
             raise ValueError("reason: must not be blank")
         return self
+
+
+class NodeDeclarationRequest(_Request):
+    """``PUT /v1/admin/node-inventory/{node_id}``: what the node has, which its heartbeats
+    cannot exceed (``inventory``)."""
+
+    gpu_flavor: Flavor
+    """Its GPUs' flavor (a flavor that exists: ``PUT /v1/admin/flavors/{name}``)."""
+    gpu_count: Annotated[int, Field(ge=0, le=MAX_NODE_GPUS)]
+    """The most GPUs it is placed on, whatever it claims."""
+    topology: Annotated[str, Field(min_length=1, max_length=100)] | None = None
+    """Its topology domain (NVLink domain, rack) for gang placement; none: as it says."""
+    description: Description = ""
 
 
 class CohortRequest(_Request):
@@ -139,16 +162,45 @@ class PriorityClassView(BaseModel):
     description: str
 
 
+class NodeReportView(BaseModel):
+    """What the node's latest heartbeat claimed, and when it was heard."""
+
+    gpu_flavor: str
+    gpu_count: int
+    topology: str
+    status: str
+    last_heartbeat: datetime
+
+
+class CappedView(BaseModel):
+    field: str
+    """``gpu_flavor``, ``gpu_count`` or ``topology``: what its heartbeat claims beyond the
+    declaration."""
+    message: str
+
+
+class NodeDeclarationView(BaseModel):
+    node_id: str
+    gpu_flavor: str
+    gpu_count: int
+    topology: str | None
+    description: str
+    reported: NodeReportView | None
+    """Its latest heartbeat's claim; None: never heard (or retired)."""
+    capped: list[CappedView]
+    """Each field of that claim the declaration caps, and what the node gets (empty: none)."""
+
+
 def queue_request_of(view: QueueConfigView) -> dict[str, Any]:
     """The ``PUT`` body that defines the queue ``view`` shows (what a patch applies to)."""
     return view.model_dump(include={"team", "cohort", "weight", "quotas"})
 
 
-def check_name(value: str, pattern: str = NAME_PATTERN) -> str:
-    """A path name must match ``pattern``; else 422 naming ``name``, saying what it must be
+def check_name(value: str, pattern: str = NAME_PATTERN, field: str = "name") -> str:
+    """A path name must match ``pattern``; else 422 naming ``field``, saying what it must be
     in words (``trainyard.patterns``)."""
     if not re.fullmatch(pattern, value):
-        raise RequestInvalid.one("name", pattern_message(pattern) or f"must match {pattern}")
+        raise RequestInvalid.one(field, pattern_message(pattern) or f"must match {pattern}")
     return value
 
 
@@ -164,6 +216,38 @@ def flavor_view(row: Mapping[str, Any]) -> FlavorView:
         gpus=row["gpus"],
         ready_gpus=row["ready_gpus"],
     )
+
+
+def node_declaration_view(row: Mapping[str, Any]) -> NodeDeclarationView:
+    """A declaration with its node's latest claim (``reported_*``, None when never heard)
+    and what the declaration caps of it (``inventory.cap``)."""
+    reported: NodeReportView | None = None
+    capped: tuple[Capped, ...] = ()
+    if row["reported_flavor"] is not None:
+        claim = Claim(row["reported_flavor"], row["reported_gpu_count"], row["reported_topology"])
+        reported = NodeReportView(
+            gpu_flavor=claim.gpu_flavor,
+            gpu_count=claim.gpu_count,
+            topology=claim.topology,
+            status=row["status"],
+            last_heartbeat=row["last_heartbeat"],
+        )
+        declared = Declared(row["gpu_flavor"], row["gpu_count"], row["topology"])
+        # The mode decides only for an undeclared node.
+        capped = cap(claim, declared, InventoryMode.REQUIRED).capped
+    return NodeDeclarationView(
+        node_id=row["node_id"],
+        gpu_flavor=row["gpu_flavor"],
+        gpu_count=row["gpu_count"],
+        topology=row["topology"],
+        description=row["description"],
+        reported=reported,
+        capped=[_capped_view(c) for c in capped],
+    )
+
+
+def _capped_view(capped: Capped) -> CappedView:
+    return CappedView(field=capped.field, message=capped.message)
 
 
 def cohort_view(row: Mapping[str, Any]) -> CohortView:

@@ -7,12 +7,15 @@ Contract:
   ``PENDING_SHOWN`` waiting jobs and how many wait), ``GET /v1/queue/{name}/pending`` (all of
   a queue's waiting jobs, a page at a time: ``shared.paging``) and every admin write are for
   operators (403 for users); the admin reads (flavors, cohorts, queues, priority classes)
-  are open to every authenticated user, who needs them to write a job spec. Every admin
-  write is recorded in the audit log (``GET /v1/audit``, operators).
+  are open to every authenticated user, who needs them to write a job spec; the node
+  inventory's are operators' (as the node list). Every admin write is recorded in the audit
+  log (``GET /v1/audit``, operators).
 - They read and write PostgreSQL directly, so they work on every replica, leader or not.
 - Admin routes: ``GET /v1/admin/flavors``, ``GET|PUT|DELETE /v1/admin/flavors/{name}``, and
-  the same for ``cohorts``, ``queues`` and ``priority-classes``; ``PATCH`` of a queue or a
-  priority class changes only the fields its JSON Merge Patch names (404 when there is none).
+  the same for ``cohorts``, ``queues``, ``priority-classes`` and ``node-inventory`` (by node
+  id: what each node has, which its heartbeats cannot exceed; ``admin.put_node_declaration``);
+  ``PATCH`` of a queue, a priority class or a node's declaration changes only the fields its
+  JSON Merge Patch names (404 when there is none).
   Every ``PUT``, ``PATCH`` and ``DELETE`` of them is conditional
   (``shared.http_app.Preconditions``): the ``GET`` of one, and the answer of its ``PUT`` or
   ``PATCH``, carries ``ETag``; with ``If-Match: <that ETag>`` a write proceeds only while
@@ -65,11 +68,14 @@ from trainyard_platform.services.scheduler.admin import Conflict, NotFound
 from trainyard_platform.services.scheduler.admin_schemas import (
     FLAVOR_PATTERN,
     NAME_PATTERN,
+    NODE_ID_PATTERN,
     CohortRequest,
     CohortView,
     CordonRequest,
     FlavorRequest,
     FlavorView,
+    NodeDeclarationRequest,
+    NodeDeclarationView,
     PriorityClassRequest,
     PriorityClassView,
     QueueConfigView,
@@ -104,7 +110,8 @@ TeamCheck = NamedDependency[Teams]
 ADMIN_BODY_MAX_BYTES = 64 * 1024
 """The largest admin body accepted (a queue with 100 quotas is a few KB)."""
 ADMIN_PAGE_MAX = 500
-"""The most rows of a page of ``GET /v1/admin/{flavors,cohorts,queues,priority-classes}``."""
+"""The most rows of a page of ``GET /v1/admin/{flavors,cohorts,queues,priority-classes,
+node-inventory}``."""
 PENDING_PAGE_MAX = 1000
 PENDING = paging.Cursor(
     "GET /v1/queue/{name}/pending", paging.int32, paging.instant, paging.integer
@@ -336,6 +343,74 @@ def admin_router(pool: asyncpg.Pool) -> Router:
     ) -> None:
         await admin.delete_priority_class(pool, name, principal, conditions)
 
+    @get("/node-inventory", opt=needs(Role.OPERATOR))
+    async def list_node_inventory(
+        limit: Annotated[int, QueryParameter(ge=1, le=ADMIN_PAGE_MAX)] = 100,
+        after: Annotated[str | None, QueryParameter(description="from the Link header")] = None,
+    ) -> Response[list[NodeDeclarationView]]:
+        """A page of node declarations by node id, each with what its node claims and what
+        the declaration caps of it; the next in ``Link`` (``shared.paging``)."""
+        views, cursor = await admin.list_node_declarations(pool, limit, after)
+        return paging.listed(views, "/v1/admin/node-inventory", {"limit": str(limit)}, cursor)
+
+    @get(
+        "/node-inventory/{node_id:str}",
+        opt=needs(Role.OPERATOR),
+        responses=error_responses(404),
+    )
+    async def get_node_declaration(node_id: FromPath[str]) -> Response[NodeDeclarationView]:
+        """The node's declaration, what it claims and what is capped, with its ``ETag``
+        (for ``If-Match``)."""
+        view = await admin.get_node_declaration(pool, node_id)
+        return tagged(view, admin.declaration_tag(view))
+
+    @put(
+        "/node-inventory/{node_id:str}",
+        opt=needs(Role.OPERATOR),
+        operation_class=json_request_body(NodeDeclarationRequest),
+        responses=_put_responses(NodeDeclarationView),
+    )
+    async def put_node_declaration(
+        node_id: Annotated[str, PathParameter(schema_extra={"pattern": NODE_ID_PATTERN})],
+        request: AnyRequest,
+        principal: Caller,
+        conditions: Conditions,
+    ) -> Response[NodeDeclarationView]:
+        """Declare what the node has: its heartbeats never get more (a node claiming more
+        GPUs gets the declared count, one claiming another flavor none), from its next
+        heartbeat. Conditional as ``PUT /v1/admin/queues/{name}``."""
+        body = await _body(NodeDeclarationRequest, request)
+        made = await admin.put_node_declaration(pool, node_id, body, principal, conditions)
+        return _created(*made, admin.declaration_tag)
+
+    @patch(
+        "/node-inventory/{node_id:str}",
+        opt=needs(Role.OPERATOR),
+        operation_class=merge_patch_request_body(NodeDeclarationRequest),
+        responses=error_responses(404, 412, 413, 415),
+    )
+    async def patch_node_declaration(
+        node_id: Annotated[str, PathParameter(schema_extra={"pattern": NODE_ID_PATTERN})],
+        request: AnyRequest,
+        principal: Caller,
+        conditions: Conditions,
+    ) -> Response[NodeDeclarationView]:
+        """Change only the fields the body names (a JSON Merge Patch of the ``PUT`` body);
+        conditional as ``PATCH /v1/admin/queues/{name}``."""
+        changes = await _patch_body(request)
+        view = await admin.patch_node_declaration(pool, node_id, changes, principal, conditions)
+        return tagged(view, admin.declaration_tag(view))
+
+    @delete("/node-inventory/{node_id:str}", opt=needs(Role.OPERATOR), responses=DELETE_RESPONSES)
+    async def delete_node_declaration(
+        node_id: FromPath[str],
+        principal: Caller,
+        conditions: Conditions,
+    ) -> None:
+        """Forget the node's declaration: from its next heartbeat it is undeclared (no GPU
+        under ``TRAINYARD_SCHEDULER_NODE_INVENTORY=required``)."""
+        await admin.delete_node_declaration(pool, node_id, principal, conditions)
+
     @get("/nodes/{node_id:str}/cordon", opt=needs(Role.OPERATOR), responses=error_responses(404))
     async def get_node_cordon(node_id: FromPath[str]) -> Response[NodeCordonView]:
         """The node's cordon (null: it takes new work), with its ``ETag`` (for ``If-Match``
@@ -389,6 +464,11 @@ def admin_router(pool: asyncpg.Pool) -> Router:
             cordon_node,
             uncordon_node,
             retire_node,
+            list_node_inventory,
+            get_node_declaration,
+            put_node_declaration,
+            patch_node_declaration,
+            delete_node_declaration,
             list_flavors,
             get_flavor,
             put_flavor,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from trainyard_platform.services.scheduler.inventory import InventoryMode
 from trainyard_platform.shared.settings import GuardedServiceSettings, Port
 
 
@@ -15,6 +16,11 @@ class Settings(GuardedServiceSettings):
 
     port: Port = 8081
     """Port of the HTTP server (health, readiness, ``GET /v1/queue``, ``/v1/admin/...``)."""
+    node_inventory: InventoryMode = InventoryMode.OPTIONAL
+    """What a node the node inventory (``PUT /v1/admin/node-inventory/{node_id}``) does not
+    declare gets: ``optional``, what its heartbeat claims (the zero-configuration local
+    stack); ``required``, no GPU until an operator declares it. A declared node gets no more
+    than its declaration either way (``inventory``)."""
     node_check_interval_seconds: float = Field(default=2.0, gt=0)
     """How often nodes are checked for missed heartbeats."""
     node_timeout_seconds: float = Field(default=15.0, gt=0)

@@ -66,6 +66,7 @@ from trainyard_platform.services.scheduler.domain import (
     JobStatus,
     fence,
 )
+from trainyard_platform.services.scheduler.inventory import Claim, cap
 from trainyard_platform.services.scheduler.late_success import accept_late_success
 from trainyard_platform.services.scheduler.leases import (
     Ending,
@@ -274,21 +275,47 @@ class SchedulerHandlers:
     async def on_heartbeat(
         self, conn: asyncpg.Connection, heartbeat: RunnerHeartbeat, now: datetime
     ) -> None:
+        """Record the node's heartbeat; a node whose claim, declaration or inventory mode
+        changed gets its supply judged again (``inventory.cap``): each field capped is
+        logged as a warning naming the node."""
         if heartbeat.gpu_count < 0:
             raise Reject(f"gpu_count: must be >= 0, got {heartbeat.gpu_count}")
         report = (heartbeat.hostname, heartbeat.gpu_flavor, heartbeat.gpu_count)
         node_id, topology, address = heartbeat.node_id, heartbeat.topology, heartbeat.address
-        if not await repo.touch_node(conn, node_id, *report, topology, now, address):
-            # New supply (a new node, a lost one back, other GPUs): a pass follows.
-            await repo.upsert_node(conn, node_id, *report, now, topology, address)
+        mode = self._tuning.node_inventory
+        if not await repo.touch_node(conn, node_id, *report, topology, now, address, mode):
+            # New supply (a new node, a lost one back, other GPUs, another declaration or
+            # mode): a pass follows.
+            claim = Claim(heartbeat.gpu_flavor, heartbeat.gpu_count, topology)
+            declared = await repo.declaration(conn, node_id)
+            supply = cap(claim, declared, mode)
+            revision = None if declared is None else declared.revision
+            await repo.upsert_node(
+                conn,
+                node_id,
+                *report,
+                now,
+                topology,
+                address,
+                supply=supply,
+                mode=mode,
+                revision=revision,
+            )
             if self._facts:
                 self._facts.clear()  # the largest node of a flavor may have changed
+            for capped in supply.capped:
+                log.warning(
+                    "node %s capped by the node inventory (%s): it %s",
+                    node_id,
+                    capped.field,
+                    capped.message,
+                )
             log.info(
                 "node %s ready: %d %s GPUs (topology %s)",
-                heartbeat.node_id,
-                heartbeat.gpu_count,
-                heartbeat.gpu_flavor,
-                heartbeat.topology,
+                node_id,
+                supply.gpu_count,
+                supply.gpu_flavor,
+                supply.topology,
             )
             self._poke()
         await self._fence_strays(conn, heartbeat)

@@ -3,13 +3,14 @@
 Every reading is one aggregate query over small tables or partial indexes (waiting jobs,
 nodes, live GPU leases), except the two totals, which count allocations and finished jobs
 by a grouped scan: run every 15 s on one connection, not per scrape. Labels are queues,
-flavors and states only (``shared.metrics``: nothing about a tenant beyond counts).
+flavors, states and the fields the node inventory caps only (``shared.metrics``: nothing about a tenant beyond counts).
 """
 
 from __future__ import annotations
 
 import asyncpg
 
+from trainyard_platform.services.scheduler.inventory import CAPPED_FIELDS
 from trainyard_platform.shared.metrics_sampler import Readings, Sampler
 
 _QUEUES = """SELECT q.name AS queue, count(j.job_id) AS depth,
@@ -52,6 +53,11 @@ automatic cordon (the scheduler's) has an end, an operator's has none."""
 _CORDONED = """SELECT CASE WHEN cordoned_until IS NULL THEN 'operator' ELSE 'scheduler' END AS by,
        count(*) AS n
 FROM nodes WHERE cordoned_at IS NOT NULL AND retired_at IS NULL GROUP BY 1"""
+
+_CAPPED = """SELECT field, count(*) AS n FROM nodes, unnest(capped) AS field
+WHERE status = 'READY' AND retired_at IS NULL GROUP BY field"""
+"""Ready nodes the node inventory gives less than they claim, by what it capped
+(``inventory.CAPPED_FIELDS``, each at 0 from the start)."""
 
 TERMINAL_STATES = ("SUCCEEDED", "FAILED", "CANCELLED")
 """Every state of ``trainyard.scheduler.jobs.finished``: each is reported from the start, 0
@@ -102,6 +108,12 @@ def scheduler_readings(sampler: Sampler, pool: asyncpg.Pool) -> None:
             counts[str(r["by"])] = float(r["n"])
         return [(n, {"by": by}) for by, n in counts.items()]
 
+    async def capped() -> Readings:
+        counts = dict.fromkeys(CAPPED_FIELDS, 0.0)
+        for r in await fetch(_CAPPED):
+            counts[str(r["field"])] = float(r["n"])
+        return [(n, {"field": field}) for field, n in counts.items()]
+
     async def allocations() -> Readings:
         return [(float(r["granted"]), {"flavor": r["flavor"]}) for r in await fetch(_ALLOCATIONS)]
 
@@ -119,6 +131,7 @@ def scheduler_readings(sampler: Sampler, pool: asyncpg.Pool) -> None:
     sampler.gauge("trainyard.scheduler.gpus", gpus)
     sampler.gauge("trainyard.scheduler.nodes", nodes)
     sampler.gauge("trainyard.scheduler.nodes.cordoned", cordoned)
+    sampler.gauge("trainyard.scheduler.nodes.capped", capped)
     sampler.gauge("trainyard.scheduler.allocations", allocations)
     sampler.gauge("trainyard.scheduler.preemptions", preemptions)
     sampler.gauge("trainyard.scheduler.jobs.finished", finished)

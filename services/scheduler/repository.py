@@ -18,6 +18,12 @@ from trainyard_platform.services.scheduler.domain import (
     JobStatus,
     NodeStatus,
 )
+from trainyard_platform.services.scheduler.inventory import (
+    UNDECLARED,
+    Declared,
+    InventoryMode,
+    Supply,
+)
 from trainyard_platform.shared.events.payloads import JobSpec
 from trainyard_platform.shared.telemetry import inject
 
@@ -55,15 +61,21 @@ async def touch_node(
     topology: str,
     now: datetime,
     address: str = "127.0.0.1",
+    mode: InventoryMode = InventoryMode.OPTIONAL,
 ) -> bool:
-    """A heartbeat that changes no supply: a READY node reporting what it reported before
-    only moves its last heartbeat (and takes its hostname and address as reported). False
-    when anything else changed (or the node is new)."""
+    """A heartbeat that changes no supply: a READY node claiming what it claimed before,
+    whose supply was judged under ``mode`` and by its declaration as it is now (its
+    revision; none, for an undeclared node), only moves its last heartbeat (and takes its
+    hostname and address as reported). False when anything else changed (or the node is
+    new): ``upsert_node`` judges it again."""
     touched = await conn.fetchval(
         """UPDATE nodes SET hostname = $2, address = $7,
                             last_heartbeat = GREATEST(last_heartbeat, $6)
-           WHERE node_id = $1 AND status = 'READY' AND gpu_flavor = $3 AND gpu_count = $4
-                 AND topology = $5
+           WHERE node_id = $1 AND status = 'READY' AND reported_flavor = $3
+                 AND reported_gpu_count = $4 AND reported_topology = $5
+                 AND inventory_mode = $8
+                 AND inventory_revision IS NOT DISTINCT FROM
+                     (SELECT revision FROM node_inventory WHERE node_id = $1)
            RETURNING true""",
         node_id,
         hostname,
@@ -72,8 +84,20 @@ async def touch_node(
         topology,
         now,
         address,
+        mode.value,
     )
     return bool(touched)
+
+
+async def declaration(conn: asyncpg.Connection, node_id: str) -> Declared | None:
+    """The node's declaration in the inventory (None: it has none)."""
+    row = await conn.fetchrow(
+        "SELECT gpu_flavor, gpu_count, topology, revision FROM node_inventory WHERE node_id = $1",
+        node_id,
+    )
+    if row is None:
+        return None
+    return Declared(row["gpu_flavor"], row["gpu_count"], row["topology"], row["revision"])
 
 
 async def upsert_node(
@@ -85,31 +109,56 @@ async def upsert_node(
     now: datetime,
     topology: str = "default",
     address: str = "127.0.0.1",
+    *,
+    supply: Supply | None = None,
+    mode: InventoryMode | None = None,
+    revision: int | None = None,
 ) -> None:
-    """Record a heartbeat: the node is READY, with what it reports now (its flavor is
-    registered if new); a retired node is an ordinary node again."""
-    await conn.execute("INSERT INTO flavors (name) VALUES ($1) ON CONFLICT DO NOTHING", gpu_flavor)
+    """Record a heartbeat: the node is READY, claiming ``gpu_flavor``, ``gpu_count`` and
+    ``topology``, with ``supply`` (``inventory.cap`` of that claim under ``mode`` by the
+    declaration of ``revision``; None: the claim itself, judged by nothing) for placement;
+    the supply's flavor is registered if new, unless the node is undeclared in a mode that
+    requires a declaration. A retired node is an ordinary node again."""
+    supply = supply or Supply(gpu_flavor, gpu_count, topology)
+    if UNDECLARED not in supply.capped_fields:
+        await conn.execute(
+            "INSERT INTO flavors (name) VALUES ($1) ON CONFLICT DO NOTHING", supply.gpu_flavor
+        )
     await conn.execute(
         """INSERT INTO nodes (node_id, hostname, gpu_flavor, gpu_count, topology, status,
-                              last_heartbeat, registered_at, address)
-           VALUES ($1, $2, $3, $4, $6, 'READY', $5, $5, $7)
+                              last_heartbeat, registered_at, address, reported_flavor,
+                              reported_gpu_count, reported_topology, capped, inventory_mode,
+                              inventory_revision)
+           VALUES ($1, $2, $3, $4, $6, 'READY', $5, $5, $7, $8, $9, $10, $11, $12, $13)
            ON CONFLICT (node_id) DO UPDATE SET
                hostname = EXCLUDED.hostname,
                gpu_flavor = EXCLUDED.gpu_flavor,
                gpu_count = EXCLUDED.gpu_count,
                topology = EXCLUDED.topology,
                address = EXCLUDED.address,
+               reported_flavor = EXCLUDED.reported_flavor,
+               reported_gpu_count = EXCLUDED.reported_gpu_count,
+               reported_topology = EXCLUDED.reported_topology,
+               capped = EXCLUDED.capped,
+               inventory_mode = EXCLUDED.inventory_mode,
+               inventory_revision = EXCLUDED.inventory_revision,
                status = 'READY',
                lost_at = NULL,
                retired_at = NULL,
                last_heartbeat = GREATEST(nodes.last_heartbeat, EXCLUDED.last_heartbeat)""",
         node_id,
         hostname,
+        supply.gpu_flavor,
+        supply.gpu_count,
+        now,
+        supply.topology,
+        address,
         gpu_flavor,
         gpu_count,
-        now,
         topology,
-        address,
+        supply.capped_fields,
+        None if mode is None else mode.value,
+        revision,
     )
 
 
@@ -445,7 +494,7 @@ async def all_nodes(conn: asyncpg.Connection, retired: bool = False) -> list[Row
     """Every node by id, the retired ones only when ``retired``."""
     rows: list[Row] = await conn.fetch(
         "SELECT node_id, hostname, gpu_flavor, gpu_count, topology, status, last_heartbeat, "
-        "cordoned_at, cordon_reason, cordoned_by, cordoned_until, retired_at FROM nodes "
+        "cordoned_at, cordon_reason, cordoned_by, cordoned_until, retired_at, capped FROM nodes "
         "WHERE $1 OR retired_at IS NULL ORDER BY node_id",
         retired,
     )

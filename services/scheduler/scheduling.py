@@ -59,6 +59,7 @@ from trainyard_platform.services.scheduler.domain import (
     Job,
     JobStatus,
 )
+from trainyard_platform.services.scheduler.inventory import InventoryMode
 from trainyard_platform.services.scheduler.policy.engine import PolicyState
 from trainyard_platform.services.scheduler.policy.model import (
     Decisions,
@@ -125,6 +126,8 @@ class Tuning:
     max_waiting_jobs: int = 10_000
     """A team's jobs waiting at most; one more arriving is refused (``admission``); 0: no
     limit."""
+    node_inventory: InventoryMode = InventoryMode.OPTIONAL
+    """What a node the inventory does not declare gets (``inventory``)."""
 
     @property
     def preemption_grace_s(self) -> float:

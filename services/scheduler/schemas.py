@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from trainyard_platform.services.scheduler.convert import queues_from_rows
 from trainyard_platform.services.scheduler.policy.quota import QuotaBook
@@ -64,6 +64,10 @@ class NodeView(_Schema):
     """Set while the node is cordoned: no new allocation is placed on it."""
     retired_at: datetime | None = None
     """When an operator retired the node (listed only on request); None: it is not."""
+    capped: list[str] = Field(default_factory=list)
+    """What the node inventory did not grant of its latest heartbeat's claim (``undeclared``,
+    ``gpu_flavor``, ``gpu_count``, ``topology``; ``inventory``): ``gpu_count`` and
+    ``gpu_flavor`` above are what it is placed on. Empty: it got what it claims."""
 
 
 class AllocationView(_Schema):
@@ -219,6 +223,7 @@ def _node(row: Row, used: dict[int, str]) -> NodeView:
         last_heartbeat=row["last_heartbeat"],
         cordon=cordon,
         retired_at=row.get("retired_at"),
+        capped=list(row.get("capped") or []),
     )
 
 

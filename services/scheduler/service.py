@@ -79,6 +79,7 @@ def tuning_from(settings: Settings) -> Tuning:
         cordon_after_platform_failures=settings.cordon_after_platform_failures,
         cordon_seconds=settings.cordon_seconds,
         max_waiting_jobs=settings.max_waiting_jobs_per_team,
+        node_inventory=settings.node_inventory,
     )
 
 

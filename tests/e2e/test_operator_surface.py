@@ -48,6 +48,7 @@ OWN: dict[str, set[str]] = {
         "trainyard.scheduler.gpus",
         "trainyard.scheduler.nodes",
         "trainyard.scheduler.nodes.cordoned",
+        "trainyard.scheduler.nodes.capped",
         "trainyard.scheduler.jobs.finished",
     },
     "runner": {
