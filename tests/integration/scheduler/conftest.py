@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 import asyncpg
 import pytest
 
+from trainyard_platform.services.scheduler.inventory import InventoryMode
 from trainyard_platform.services.scheduler.loops import LeaderWork
 from trainyard_platform.services.scheduler.policy.model import PolicyConfig
 from trainyard_platform.services.scheduler.scheduling import Tuning
@@ -196,6 +197,7 @@ async def scheduler_with(pool: asyncpg.Pool, nats_settings: NatsSettings) -> Asy
             cordon_after_platform_failures: int = 3,
             cordon_seconds: float = 600.0,
             max_waiting_jobs: int = 10_000,
+            node_inventory: InventoryMode = InventoryMode.OPTIONAL,
             **policy: Any,
         ) -> Scheduler:
             bus = await stack.enter_async_context(Bus.connect(nats_settings, "scheduler-test"))
@@ -213,6 +215,7 @@ async def scheduler_with(pool: asyncpg.Pool, nats_settings: NatsSettings) -> Asy
                 cordon_after_platform_failures=cordon_after_platform_failures,
                 cordon_seconds=cordon_seconds,
                 max_waiting_jobs=max_waiting_jobs,
+                node_inventory=node_inventory,
             )
             work = LeaderWork(
                 NAME,

@@ -87,7 +87,7 @@ def fields(response: Any) -> dict[str, str]:
 
 
 async def test_every_admin_route_needs_the_token(http: httpx.AsyncClient) -> None:
-    for path in ("flavors", "cohorts", "queues", "priority-classes"):
+    for path in ("flavors", "cohorts", "queues", "priority-classes", "node-inventory"):
         assert (await http.get(f"/v1/admin/{path}")).status_code == 401
     response = await http.put("/v1/admin/cohorts/research", json={})
     assert response.status_code == 401
@@ -862,10 +862,12 @@ async def test_if_none_match_and_if_match_hold_on_every_admin_write(
 ) -> None:
     """RFC 9110: ``If-None-Match: *`` proceeds only when the resource does not exist,
     ``If-Match: *`` only when it does, on every ``PUT``, ``PATCH`` and ``DELETE`` of a
-    flavor, cohort, queue or priority class: a false one is 412 naming the header and why,
-    nothing changed nor audited. (Before, ``PATCH`` and ``DELETE`` ignored both headers,
-    as did the flavors' and cohorts' ``PUT``; ``If-Match`` was ignored everywhere.)"""
+    flavor, cohort, queue, priority class or node declaration: a false one is 412 naming the
+    header and why, nothing changed nor audited. (Before, ``PATCH`` and ``DELETE`` ignored
+    both headers, as did the flavors' and cohorts' ``PUT``; ``If-Match`` was ignored
+    everywhere.)"""
     await known(pool, "vision")
+    assert (await put(http, "flavors/h200", {})).status_code == 201
     absent_only = {**AUTH, "If-None-Match": "*"}
     existing_only = {**AUTH, "If-Match": "*"}
     resources = (
@@ -873,6 +875,7 @@ async def test_if_none_match_and_if_match_hold_on_every_admin_write(
         ("cohorts/research", {}, None),
         ("queues/vision", {"team": "vision", "weight": 2}, {"weight": 3}),
         ("priority-classes/urgent", {"value": 500, "preemptible": False}, {"value": 7}),
+        ("node-inventory/n1", {"gpu_flavor": "h200", "gpu_count": 8}, {"gpu_count": 4}),
     )
     for path, body, change in resources:
         url = f"/v1/admin/{path}"
@@ -905,13 +908,14 @@ async def test_if_none_match_and_if_match_hold_on_every_admin_write(
             if change is not None:
                 missing = await http.patch(url, json=change, headers=conditions)
                 assert missing.status_code == 404, path
-    assert len((await http.get("/v1/audit", headers=AUTH)).json()) == audited + 4
+    assert len((await http.get("/v1/audit", headers=AUTH)).json()) == audited + len(resources)
 
 
 async def test_every_admin_write_with_a_stale_etag_is_412_and_the_fresh_one_proceeds(
     http: httpx.AsyncClient, pool: asyncpg.Pool
 ) -> None:
-    """The ``GET`` of a flavor, cohort, queue or priority class carries ``ETag``; a write
+    """The ``GET`` of a flavor, cohort, queue, priority class or node declaration carries
+    ``ETag``; a write
     with ``If-Match: <it>`` proceeds while the resource is as it was read, and is 412,
     naming ``If-Match`` and that it changed, once another change fell between: two
     operators' read-modify-writes no longer overwrite each other silently. A write
@@ -927,8 +931,17 @@ async def test_every_admin_write_with_a_stale_etag_is_412_and_the_fresh_one_proc
             {"value": 500, "preemptible": False},
             {"value": 7, "preemptible": False},
         ),
+        (
+            "node-inventory/n1",
+            {"gpu_flavor": "h200", "gpu_count": 8},
+            {"gpu_flavor": "h200", "gpu_count": 4},
+        ),
     )
+    assert (await put(http, "flavors/h200", {})).status_code == 201
+    # The field each patch changes, of the kinds that take a PATCH.
+    patches = {"queues": "weight", "priority-classes": "value", "node-inventory": "gpu_count"}
     for path, first, theirs in resources:
+        patched_field = patches.get(path.split("/")[0])
         url = f"/v1/admin/{path}"
         made = await http.put(url, json=first, headers=AUTH)
         assert made.status_code == 201, made.text
@@ -943,12 +956,8 @@ async def test_every_admin_write_with_a_stale_etag_is_412_and_the_fresh_one_proc
         audited = len((await http.get("/v1/audit", headers=AUTH)).json())
         stale = {**AUTH, "If-Match": tag}
         refused = [await http.put(url, json=first, headers=stale)]
-        if path.startswith(("queues", "priority-classes")):
-            refused.append(
-                await http.patch(
-                    url, json={"value" if "class" in path else "weight": 9}, headers=stale
-                )
-            )
+        if patched_field is not None:
+            refused.append(await http.patch(url, json={patched_field: 9}, headers=stale))
         refused.append(await http.delete(url, headers=stale))
         for response in refused:
             message = precondition_failed(response)["If-Match"]
@@ -957,9 +966,8 @@ async def test_every_admin_write_with_a_stale_etag_is_412_and_the_fresh_one_proc
         assert (await http.get(url, headers=AUTH)).json() == kept, path
         assert len((await http.get("/v1/audit", headers=AUTH)).json()) == audited, path
         fresh = {**AUTH, "If-Match": other.headers["ETag"]}
-        if path.startswith(("queues", "priority-classes")):
-            change = {"value": 9} if "class" in path else {"weight": 9}
-            patched = await http.patch(url, json=change, headers=fresh)
+        if patched_field is not None:
+            patched = await http.patch(url, json={patched_field: 9}, headers=fresh)
             assert patched.status_code == 200, patched.text
             assert patched.headers["ETag"] == (await http.get(url, headers=AUTH)).headers["ETag"]
             fresh = {**AUTH, "If-Match": patched.headers["ETag"]}

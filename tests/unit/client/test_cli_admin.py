@@ -652,3 +652,42 @@ def test_prices_set_refused_because_someone_priced_the_flavor_since_says_so(
         "it (the prices of flavor h200 exists already). Run `trainyard admin prices show "
         "h200` to see it as it is now, then repeat the command if your change still applies.\n"
     )
+
+
+DECLARED = {
+    "node_id": "gpu-07",
+    "gpu_flavor": "h200",
+    "gpu_count": 8,
+    "topology": None,
+    "description": "rack 4",
+    "reported": {
+        "gpu_flavor": "h200",
+        "gpu_count": 16,
+        "topology": "rack-4",
+        "status": "READY",
+        "last_heartbeat": T0,
+    },
+    "capped": [{"field": "gpu_count", "message": "claims 16 GPUs, declared 8: 8 are placed on"}],
+}
+
+
+def test_node_inventory_set_declares_a_node_and_shows_what_it_claims_and_what_is_capped(
+    api: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    api["route"] = _absent_then(201, DECLARED)
+    argv = ["admin", "node-inventory", "set", "gpu-07", "--flavor", "h200", "--gpus", "8"]
+    assert cli.main([*BASE, *argv, "--description", "rack 4"]) == Exit.OK
+    path = f"{SCHEDULER}/v1/admin/node-inventory/gpu-07"
+    body = {"gpu_flavor": "h200", "gpu_count": 8, "description": "rack 4"}
+    assert _sent(api) == [("PATCH", path, body), ("PUT", path, body)]
+    assert api["sent"][1].headers["If-None-Match"] == "*"
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == "created node declaration gpu-07"
+    assert "16 h200 (rack-4), ready" in out
+    assert "gpu_count: claims 16 GPUs, declared 8" in out
+
+    # A change names only what its options say; --no-topology takes the claimed one.
+    api["route"] = lambda r: httpx.Response(200, json=DECLARED)
+    argv = ["admin", "node-inventory", "set", "gpu-07", "--gpus", "4", "--no-topology"]
+    assert cli.main([*BASE, *argv]) == Exit.OK
+    assert _sent(api)[-1] == ("PATCH", path, {"gpu_count": 4, "topology": None})

@@ -6,6 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from trainyard_platform.services.scheduler.config import Settings
+from trainyard_platform.services.scheduler.inventory import InventoryMode
 from trainyard_platform.services.scheduler.service import tuning_from
 
 
@@ -48,3 +49,14 @@ def test_the_leader_session_must_outlive_its_checks() -> None:
     with pytest.raises(ValidationError, match="leader_session_timeout_seconds"):
         Settings(leader_check_seconds=10, leader_session_timeout_seconds=5)
     Settings(leader_check_seconds=10, leader_session_timeout_seconds=0)  # off: any check
+
+
+def test_the_node_inventory_is_optional_unless_required(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Optional by default (the zero-configuration local stack); ``required`` reaches the
+    heartbeat handling's tunables; anything else is refused naming the setting."""
+    assert tuning_from(Settings()).node_inventory is InventoryMode.OPTIONAL
+    monkeypatch.setenv("TRAINYARD_SCHEDULER_NODE_INVENTORY", "required")
+    assert tuning_from(Settings()).node_inventory is InventoryMode.REQUIRED
+    monkeypatch.setenv("TRAINYARD_SCHEDULER_NODE_INVENTORY", "strict")
+    with pytest.raises(ValidationError, match="node_inventory"):
+        Settings()
