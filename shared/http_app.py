@@ -67,10 +67,21 @@ operation does; ``opt[HEAD_OF_GET]`` marks it, and its query parameters are chec
 ``GET``'s); every answer to a ``HEAD`` leaves its body out, whatever made it (an error, a
 401). A ``GET`` whose body costs work (objects read from the store: ``body_is_work``) gets
 no copy, which would do that work and discard it: it has a ``HEAD`` of its own
-(``head_of_get``, answered with ``head_answer``: the status and headers, no
-``Content-Length``), and an app where it has none is not built. The OpenAPI document's own routes (``/schema``, which Litestar adds as the app is
-built, after ``head_routes``) get theirs then (``_head_of_added_gets``), their query left
-unchecked as their ``GET``'s is.
+(``head_of_get``, answered with ``head_answer``: the status and the ``GET``'s headers,
+its ``ETag`` among them where it has one), and an app where it has none is not built. Its
+``Content-Length`` is the ``GET``'s where that is known without the work (a model
+version's artifact: its registered size), and absent where it is not (a page of logs, a
+new presigned URL): never a guess. The OpenAPI document's own routes (``/schema``, which
+Litestar adds as the app is built, after ``head_routes``) get theirs then
+(``_head_of_added_gets``), their query left unchecked as their ``GET``'s is.
+
+Conditional reads (RFC 9110, section 13.1.2), at the edge for every route: a ``GET`` or
+``HEAD`` answered 200 with an ``ETag`` that the request's ``If-None-Match`` names (weak
+comparison, or ``*``: ``none_match``) answers 304 instead, with its headers but no
+``Content-Length``, ``Content-Type`` or body (``_not_modified``), so a client polling a
+resource with the tag it holds reads nothing more, and ``GET`` and ``HEAD`` answer alike. A
+route whose body is work checks ``none_match`` itself before doing it. A write's
+``If-None-Match`` is its condition (``preconditions``), never a 304.
 
 Building the app leaves the process's logging alone (``logging_config=None``): Litestar's
 default set-up replaced the root handler with a queue-listener thread writing to the stderr
@@ -494,10 +505,60 @@ async def _edge_headers(message: Message, scope: Scope) -> None:
             headers[name] = value
 
 
-async def _no_body_for_head(message: Message, scope: Scope) -> None:
+_ANY_TAG = re.compile(r'(?:W/)?"([\x21\x23-\x7e]*)"')
+"""An entity tag of ``If-None-Match``, weak or strong: its opaque part."""
+_NOT_MODIFIED: Final = "trainyard_not_modified"
+"""The key of a request's ASGI scope whose answer ``_not_modified`` made a 304."""
+
+
+def none_match(if_none_match: Iterable[str], tag: str) -> bool:
+    """Whether a ``GET`` or ``HEAD``'s ``If-None-Match`` header values (none: False) name
+    ``tag``, the ``ETag`` its answer carries, or are ``*``: weak comparison (RFC 9110,
+    section 13.1.2), so ``W/"x"`` names ``"x"``. A value that is no list of entity tags
+    names nothing (the answer is the whole one, never an error)."""
+    opaque = _ANY_TAG.fullmatch(tag.strip().removeprefix("W/"))
+    for value in if_none_match:
+        if value.strip() == "*":
+            return True
+        if opaque and opaque.group(1) in _ANY_TAG.findall(value):
+            return True
+    return False
+
+
+async def _not_modified(message: Message, scope: Scope) -> None:
+    """A ``GET`` or ``HEAD`` answered 200 with an ``ETag`` that the request's
+    ``If-None-Match`` names (``none_match``) answers 304 instead (RFC 9110, section 13.1.2):
+    its headers without ``Content-Length`` and ``Content-Type`` (section 15.4.5), and no
+    body (``_no_body``). One place for every route, so ``GET`` and ``HEAD`` of a resource
+    answer alike; a route whose body is work checks the header itself before the work
+    (``none_match``), answering its headers with no body, which this makes the 304."""
+    if (
+        message["type"] != "http.response.start"
+        or message["status"] != 200
+        or scope.get("method") not in ("GET", "HEAD")
+    ):
+        return
+    headers = MutableScopeHeaders.from_message(message)
+    tag = headers.get("etag")
+    asked = [
+        value.decode("latin-1") for name, value in scope["headers"] if name == b"if-none-match"
+    ]
+    if tag is None or not asked or not none_match(asked, tag):
+        return
+    message["status"] = 304
+    for name in ("content-length", "content-type"):
+        if name in headers:
+            del headers[name]
+    cast(dict[str, Any], scope)[_NOT_MODIFIED] = True
+
+
+async def _no_body(message: Message, scope: Scope) -> None:
     """A ``HEAD`` request's answer without its body (its headers, ``Content-Length`` among
-    them, as the ``GET``'s): whoever made it, a route, an error handler or the guard."""
-    if message["type"] == "http.response.body" and scope.get("method") == "HEAD":
+    them, as the ``GET``'s): whoever made it, a route, an error handler or the guard; and
+    a 304's (``_not_modified``)."""
+    if message["type"] == "http.response.body" and (
+        scope.get("method") == "HEAD" or scope.get(_NOT_MODIFIED)
+    ):
         message["body"] = b""
 
 
@@ -529,14 +590,23 @@ def head_of_get(path: str | Sequence[str], **options: Any) -> head:
 
 
 def head_answer(
-    media_type: str, headers: Mapping[str, str] | None = None, status_code: int = 200
+    media_type: str,
+    headers: Mapping[str, str] | None = None,
+    status_code: int = 200,
+    content_length: int | None = None,
 ) -> Response[None]:
     """The answer of a ``HEAD`` route of its own (``head_of_get``, annotated
     ``Response[None]`` as Litestar asks of a ``HEAD``): ``status_code``, the ``GET``'s
-    ``media_type`` and ``headers``, no body, and no ``Content-Length`` (RFC 9110, section
-    9.3.2: the ``GET``'s is not known without the work, and a wrong one is worse than
-    none; a streamed answer has none)."""
-    answer = Stream(iter(()), media_type=media_type, headers=dict(headers or {}))
+    ``media_type`` and ``headers`` (its ``ETag`` among them, where it has one), no body.
+    ``Content-Length`` is ``content_length``, the ``GET``'s exact length where it is known
+    without the work (a stored artifact's registered size); without it, none (RFC 9110,
+    section 9.3.2 allows leaving it out; a guess would be wrong, which is worse: a JSON
+    body made of what the work finds, a log page or a new presigned URL, has no length
+    known before)."""
+    fields = dict(headers or {})
+    if content_length is not None:
+        fields["Content-Length"] = str(content_length)
+    answer = Stream(iter(()), media_type=media_type, headers=fields)
     answer.status_code = status_code
     return cast(Response[None], answer)
 
@@ -630,7 +700,7 @@ def service_app(
         debug=False,
         logging_config=None,  # the process's one set-up is shared.logs (see the module)
         cors_config=cors_config(cors_origins),
-        before_send=[_edge_headers, _no_body_for_head],
+        before_send=[_edge_headers, _not_modified, _no_body],
         **litestar_options,
     )
     _head_of_added_gets(app)

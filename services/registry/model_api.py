@@ -57,9 +57,10 @@ import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from email.utils import formatdate
 from functools import partial
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 import asyncpg
 from litestar import Request, Response, delete, get, post, put
@@ -115,6 +116,7 @@ from trainyard_platform.shared.http_app import (
     head_answer,
     head_of_get,
     json_request_body,
+    none_match,
     tagged,
 )
 from trainyard_platform.shared.http_errors import (
@@ -166,6 +168,20 @@ STATUSES: dict[type[Exception], int] = {
 
 def utc_now() -> datetime:
     return datetime.now(UTC)
+
+
+def content_headers(version: ModelVersion, name: str) -> dict[str, str]:
+    """The headers ``GET .../content`` and its ``HEAD`` both answer, all of the version
+    (none of the copy ``content`` fetched and verified, whose file's path and time change
+    on every request): its name, sha256, registration time, and ``ETag``, the strong tag of
+    its bytes (their sha256: a version's artifact never changes), for ``If-None-Match``."""
+    sha256 = version.artifact.sha256
+    return {
+        "Content-Disposition": f'attachment; filename="{name}-v{version.version}.pt"',
+        "X-Trainyard-Sha256": sha256,
+        "ETag": f'"{sha256}"',
+        "Last-Modified": formatdate(version.registered_at.timestamp(), usegmt=True),
+    }
 
 
 def version_tag(version: ModelVersion) -> str:
@@ -560,18 +576,26 @@ def model_routes(
         opt=body_is_work(),
     )
     async def content(
-        team: FromPath[str], name: FromPath[str], version: Version, principal: Caller
+        team: FromPath[str],
+        name: FromPath[str],
+        version: Version,
+        principal: Caller,
+        request: Request[Any, Any, Any],
     ) -> File:
-        async with pool.acquire() as conn:
-            await readable(conn, principal, team, name)
-            found = await live_version(conn, principal, team, name, version)
-        key = _owned_key(found, grants.reader_of(principal))
+        """The artifact, with the headers its ``HEAD`` answers too (``content_headers``);
+        when ``If-None-Match`` names its ``ETag``, those headers and no body, with nothing
+        fetched (the app's edge makes it the 304)."""
+        found, key = await servable(principal, team, name, version)
+        headers = content_headers(found, name)
+        if none_match(request.headers.getall("If-None-Match", []), headers["ETag"]):
+            # Any Response serves (Litestar sends it as it is); ``File`` documents the 200.
+            return cast(File, head_answer("application/octet-stream", headers))
         verified = await transfers.run(principal.team, _fetch, storage(), key, found)
         return File(
             verified,
             filename=f"{name}-v{version}.pt",
             media_type="application/octet-stream",
-            headers={"X-Trainyard-Sha256": found.artifact.sha256},
+            headers=headers,
             background=BackgroundTask(artifacts.discard, verified),
         )
 
@@ -599,15 +623,14 @@ def model_routes(
     async def content_head(
         team: FromPath[str], name: FromPath[str], version: Version, principal: Caller
     ) -> Response[None]:
-        """``content``'s status and headers, with no artifact fetched: its sha256 and name
-        are the version's."""
+        """``content``'s status and headers, with no artifact fetched: all are the
+        version's (``content_headers``), its length the artifact's registered size (the
+        bytes ``content`` sends are verified to be those)."""
         found, _ = await servable(principal, team, name, version)
         return head_answer(
             "application/octet-stream",
-            {
-                "Content-Disposition": f'attachment; filename="{name}-v{version}.pt"',
-                "X-Trainyard-Sha256": found.artifact.sha256,
-            },
+            content_headers(found, name),
+            content_length=found.artifact.size_bytes,
         )
 
     @get("/v1/models/{team:str}/{name:str}/aliases", responses=error_responses(404))

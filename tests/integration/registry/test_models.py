@@ -616,3 +616,46 @@ async def test_head_of_a_versions_artifact_fetches_nothing(
     async with app_as(pool, store, ML) as client:
         assert (await client.head(f"{base}/content")).status_code == 404
     assert len(fetched) == 1
+
+
+async def test_content_answers_head_and_if_none_match_with_the_headers_of_its_get(
+    pool: asyncpg.Pool, store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``HEAD`` of ``content`` answered no ``ETag``, ``Last-Modified`` or ``Content-Length``
+    while its ``GET`` did, and the ``GET``'s were of the copy it had just fetched (its
+    file's path and time): another on every request, so no ``If-None-Match`` could ever
+    match. Both now answer the same headers, all of the version (the ``ETag`` of its
+    bytes), and ``If-None-Match`` naming it is 304 for both, with nothing fetched."""
+    from trainyard_platform.services.registry import model_api
+
+    job = await job_with_checkpoints(pool, store, [10])
+    fetched: list[str] = []
+    fetch = model_api.artifacts.fetch_verified
+
+    def counted(source: ObjectStore, key: str, expected: object) -> object:
+        fetched.append(key)
+        return fetch(source, key, expected)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(model_api.artifacts, "fetch_verified", counted)
+    url = "/v1/models/vision/digits/versions/1/content"
+    async with app_as(pool, store, VISION) as client:
+        assert (await register(client, "vision", "digits", job)).status_code == 201
+        first, again = await client.get(url), await client.get(url)
+        head = await client.head(url)
+        assert first.status_code == again.status_code == head.status_code == 200
+        assert len(fetched) == 2
+        tag = first.headers["etag"]
+        assert tag == f'"{job.checkpoints[0].sha256}"'
+        assert again.headers["etag"] == tag
+        assert int(head.headers["content-length"]) == len(first.content)
+        assert dict(head.headers) == dict(first.headers) and head.content == b""
+
+        for method in ("GET", "HEAD"):
+            for asked in (tag, f'W/{tag}, "other"', "*"):
+                same = await client.request(method, url, headers={"If-None-Match": asked})
+                assert same.status_code == 304, (method, asked, same.status_code)
+                assert same.content == b"" and same.headers["etag"] == tag
+                assert "content-length" not in same.headers
+            other = await client.request(method, url, headers={"If-None-Match": '"other"'})
+            assert other.status_code == 200 and other.headers["etag"] == tag
+        assert len(fetched) == 3  # the GET whose If-None-Match named another tag
