@@ -17,11 +17,13 @@ bounds is billing's 422 naming the field, one line (exit 1).
 last (billing's ``ETag``; with ``--json`` on stderr, ``cli_base.emit_tagged``). ``set`` with
 ``--if-match ETAG`` sends it as ``If-Match``: the new prices are made only while the flavor's
 prices are as ``show`` printed them; when another operator set some since, nothing changes
-and one line says so and to run ``show`` again (exit 1). Without it, ``set`` reads the
-flavor's prices first, and when it has none (404) sends ``If-None-Match: *``: a first price
-covers the flavor's usage from the beginning, so when another operator priced it meanwhile
-nothing changes (billing's 412, the same one line); a flavor with prices gets the new ones
-unconditionally, as before.
+and one line says so and to run ``show`` again (exit 1). Without it and without ``--from``,
+``set`` reads the flavor's prices first, and when it has none (404) sends ``If-None-Match:
+*``: a first price covers the flavor's usage from the beginning, so when another operator
+priced it meanwhile nothing changes (billing's 412, the same one line); a flavor with prices
+gets the new ones unconditionally, as before. With ``--from`` it reads nothing: the prices
+start then whether they are the flavor's first or not, so the ``PUT`` does the same either
+way and goes unconditionally, one request.
 """
 
 from __future__ import annotations
@@ -117,7 +119,12 @@ def run_set(session: Session) -> int:
         body["effective_from"] = args.start
     path = f"/v1/prices/{segment(args.flavor)}"
     billing = session.service("billing")
-    conditions = if_match(args) or _first_price(billing, path)
+    # Only where the PUT's effect hangs on whether the flavor has prices (no --from: a
+    # first price starts at the beginning, a later one now) is that read first; billing's
+    # rules offer no one request that says "from the beginning only if first, else
+    # refuse", so the read is what makes If-None-Match: * the right condition.
+    unread = args.start is not None
+    conditions = if_match(args) or ({} if unread else _first_price(billing, path))
     found = asked(
         "billing",
         lambda: billing.call("PUT", path, body, conditions),
@@ -131,7 +138,9 @@ def _first_price(billing: TrainyardClient, path: str) -> dict[str, str]:
     """``If-None-Match: *`` when the flavor has no price yet (``GET`` of its book: 404): its
     first covers its usage from the beginning, so one another operator made meanwhile is
     never followed by a second made as if it were the first (412, nothing changed). A
-    flavor with prices: no condition, as before (``--if-match`` makes one)."""
+    flavor with prices: no condition, as before (``--if-match`` makes one). It guards what
+    this command's ``PUT`` does against a change between the read and the write; a change
+    made after the operator last looked at the book is ``--if-match``'s to catch."""
     try:
         billing.get_list(path)
     except TrainyardError as exc:

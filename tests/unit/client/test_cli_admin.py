@@ -478,13 +478,16 @@ def test_prices_ls_shows_a_row_per_resource_priced(
 def test_prices_set_sends_the_prices_as_written(
     api: dict[str, Any], capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """With ``--from`` the prices start then, first or not: one request, no read of the
+    book first (it read the book to learn whether the price was the flavor's first)."""
     api["route"] = lambda r: (
         httpx.Response(200, json=[PRICE]) if r.method == "GET" else httpx.Response(201, json=PRICE)
     )
     argv = ["admin", "prices", "set", "h200", "--gpu-hour", "2.75", "--memory-gib-hour", "0.01"]
     assert cli.main([*BASE, *argv, "--from", T0, "--json"]) == Exit.OK
+    put = api["sent"][-1]
+    assert "If-None-Match" not in put.headers and "If-Match" not in put.headers
     assert _sent(api) == [
-        ("GET", f"{BILLING}/v1/prices/h200", None),  # whether it is the flavor's first price
         (
             "PUT",
             f"{BILLING}/v1/prices/h200",
