@@ -83,6 +83,9 @@ resource with the tag it holds reads nothing more, and ``GET`` and ``HEAD`` answ
 route whose body is work checks ``none_match`` itself before doing it. A write's
 ``If-None-Match`` is its condition (``preconditions``), never a 304.
 
+``OPTIONS`` of a route (204, after the guard) names in ``Allow`` every method the route
+serves, ``HEAD`` included, as its 405 does (``_allow_of``).
+
 Building the app leaves the process's logging alone (``logging_config=None``): Litestar's
 default set-up replaced the root handler with a queue-listener thread writing to the stderr
 of that moment, in its own format, and kept the ``litestar`` logger on it; its records now
@@ -562,6 +565,26 @@ async def _no_body(message: Message, scope: Scope) -> None:
         message["body"] = b""
 
 
+def _allow_of(allowed: Mapping[int, str]) -> Callable[[Message, Scope], Any]:
+    """The ``before_send`` setting the ``Allow`` of an ``OPTIONS`` answer (204) to every
+    method its route serves: ``allowed``, by the ``id`` of the route's ``OPTIONS`` handler
+    (``service_app`` fills it once the app is built). Litestar's own handler names the
+    methods of the route as it was when the path's first handler was registered: an app
+    registers its handlers one at a time (and ``HEAD`` ones last), so it left out all but
+    the first's, while the 405 of the same path lists them all."""
+
+    async def allow(message: Message, scope: Scope) -> None:
+        if (
+            message["type"] == "http.response.start"
+            and message["status"] == 204
+            and scope.get("method") == "OPTIONS"
+            and (methods := allowed.get(id(scope.get("route_handler")))) is not None
+        ):
+            MutableScopeHeaders.from_message(message)["Allow"] = methods
+
+    return allow
+
+
 HEAD_OF_GET: Final = "trainyard_head_of_get"
 """The ``opt`` key of a ``HEAD`` route answering for a ``GET`` one: the copy ``head_routes``
 added, or a route's own (``head_of_get``)."""
@@ -673,6 +696,7 @@ def service_app(
     ``errors``: the error statuses every route of the service may answer besides
     ``EVERY_ROUTE``; ``cors_origins``: the web origins that may call it from a browser."""
     everywhere = error_responses(*EVERY_ROUTE, *errors)
+    allowed: dict[int, str] = {}  # filled below, once every route is made
     route_handlers = head_routes(route_handlers)
     for handler in _http_handlers(route_handlers):
         handler.responses = dict(sorted({**everywhere, **(handler.responses or {})}.items()))
@@ -700,7 +724,7 @@ def service_app(
         debug=False,
         logging_config=None,  # the process's one set-up is shared.logs (see the module)
         cors_config=cors_config(cors_origins),
-        before_send=[_edge_headers, _not_modified, _no_body],
+        before_send=[_edge_headers, _not_modified, _no_body, _allow_of(allowed)],
         **litestar_options,
     )
     _head_of_added_gets(app)
@@ -709,6 +733,11 @@ def service_app(
             for handler in route.route_handlers:
                 _guard_without_copy(handler)
             _declare_query_parameters(route)
+            options = route.route_handler_map.get(HttpMethod.OPTIONS)
+            if options is not None:
+                allowed[id(options[0])] = ", ".join(
+                    sorted(HttpMethod(m).value for m in route.methods)
+                )
     return app
 
 

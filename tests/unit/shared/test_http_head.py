@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from litestar import Litestar
+from litestar import HttpMethod, Litestar
 from litestar.routes import HTTPRoute
 from litestar.testing import TestClient
 
@@ -156,3 +156,47 @@ def test_the_openapi_documents_routes_answer_head_as_every_other_get(
     assert not wrong, "\n".join(wrong)
     document = app.openapi_schema.to_schema()
     assert not any(path.startswith("/schema") for path in document["paths"])
+
+
+def _concrete(path: str) -> str:
+    import re
+
+    return re.sub(r"\{(\w+)(?::(\w+))?\}", lambda m: _SAMPLE.get(m.group(2) or "str", "x"), path)
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_options_allows_what_a_405_of_the_same_path_allows(
+    service: str, built: dict[str, Litestar]
+) -> None:
+    """``OPTIONS`` (204) named in ``Allow`` only the methods of the path's first handler
+    (Litestar's ``OPTIONS`` handler reads its route as it was then; an app registers its
+    handlers one at a time, ``HEAD`` last): ``GET, OPTIONS`` for a path that serves ``PUT``
+    and ``HEAD`` too, which its 405 listed. Every route's ``OPTIONS`` names them all.
+    Submission checks every token in its database (none here): its open routes are asked
+    without one."""
+    app = built[service]
+    auth = {} if service == "submission" else {"Authorization": "Bearer operator"}
+    wrong, answered = [], 0
+    with TestClient(app) as client:
+        for route in app.routes:
+            if not isinstance(route, HTTPRoute):
+                continue
+            answer = client.options(_concrete(route.path), headers=auth)
+            if answer.status_code != 204:
+                continue
+            answered += 1
+            allowed = {m.strip() for m in answer.headers["allow"].split(",")}
+            if allowed != {HttpMethod(m).value for m in route.methods}:
+                wrong.append(f"{route.path}: Allow {sorted(allowed)}, not {sorted(route.methods)}")
+    assert answered >= 3  # the probes at least
+    assert not wrong, "\n".join(wrong)
+
+
+def test_options_and_405_of_a_path_name_the_same_methods(built: dict[str, Litestar]) -> None:
+    with TestClient(built["billing"]) as client:
+        auth = {"Authorization": "Bearer operator"}
+        refused = client.delete("/v1/prices/h200", headers=auth)
+        options = client.options("/v1/prices/h200", headers=auth)
+    assert refused.status_code == 405 and options.status_code == 204
+    assert refused.headers["allow"] == "GET, OPTIONS, PUT, HEAD"  # Litestar's order
+    assert options.headers["allow"] == "GET, HEAD, OPTIONS, PUT"
