@@ -659,3 +659,11 @@ async def test_content_answers_head_and_if_none_match_with_the_headers_of_its_ge
             other = await client.request(method, url, headers={"If-None-Match": '"other"'})
             assert other.status_code == 200 and other.headers["etag"] == tag
         assert len(fetched) == 3  # the GET whose If-None-Match named another tag
+
+        # download's body is a new URL each time: its HEAD has the GET's headers but the
+        # length, which is not known without making one, and neither has an ETag.
+        link = "/v1/models/vision/digits/versions/1/download"
+        got, head = await client.get(link), await client.head(link)
+        assert got.status_code == head.status_code == 200 and head.content == b""
+        assert set(got.headers) - set(head.headers) == {"content-length"}
+        assert set(head.headers) <= set(got.headers) and "etag" not in got.headers

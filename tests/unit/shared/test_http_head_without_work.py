@@ -71,6 +71,33 @@ def test_every_service_get_whose_body_is_work_has_a_head_of_its_own(tmp_path: Pa
         assert f"registry {path}" in marked
 
 
+def test_every_head_of_a_get_is_its_copy_or_one_of_the_known_own_ones(tmp_path: Path) -> None:
+    """A ``HEAD`` that shares its ``GET``'s handler answers its headers (the ``ETag``
+    among them) by construction; one of its own must be made to (``head_answer``): the
+    registry's ``content`` and ``download`` (``test_models.py`` compares each ``HEAD``
+    with its ``GET``: the same headers, ``content``'s ``ETag`` and ``Content-Length``
+    included) and submission's logs (a JSON page the ``GET`` answers with no header of its
+    own, so its ``HEAD`` answers the type alone). A new one needs such a test first."""
+    own = set()
+    for service, app in apps(tmp_path).items():
+        for route in app.routes:
+            if not isinstance(route, HTTPRoute) or "GET" not in route.methods:
+                continue
+            get_handler = route.route_handler_map["GET"][0]
+            head_handler = route.route_handler_map["HEAD"][0]
+            if head_handler.fn is not get_handler.fn:
+                own.add(f"{service} {route.path}")
+    versions = "registry /v1/models/{team:str}/{name:str}/versions/{version:int}"
+    assert own == {
+        "submission /v1/jobs/{job_id:str}/logs",
+        f"{versions}/download",
+        f"{versions}/content",
+        # Litestar's static files (the dashboard's), whose HEAD answers its file's headers:
+        # test_http_head.py's test_an_open_route_answers_head_with_its_get_headers.
+        "submission /ui/{file_path:path}",
+    }
+
+
 async def test_head_of_a_jobs_logs_reads_no_log(monkeypatch: pytest.MonkeyPatch) -> None:
     """The job is looked up (404 for one the caller may not address, as the ``GET``), its
     cursor read (422 for another job's); its logs are neither listed nor read."""
