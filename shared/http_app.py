@@ -510,6 +510,8 @@ async def _edge_headers(message: Message, scope: Scope) -> None:
 
 _ANY_TAG = re.compile(r'(?:W/)?"([\x21\x23-\x7e]*)"')
 """An entity tag of ``If-None-Match``, weak or strong: its opaque part."""
+_TAG_LIST = re.compile(rf"\s*{_ANY_TAG.pattern}(?:\s*,\s*{_ANY_TAG.pattern})*\s*")
+"""A value of ``If-None-Match`` that lists entity tags."""
 _NOT_MODIFIED: Final = "trainyard_not_modified"
 """The key of a request's ASGI scope whose answer ``_not_modified`` made a 304."""
 
@@ -523,7 +525,7 @@ def none_match(if_none_match: Iterable[str], tag: str) -> bool:
     for value in if_none_match:
         if value.strip() == "*":
             return True
-        if opaque and opaque.group(1) in _ANY_TAG.findall(value):
+        if opaque and _TAG_LIST.fullmatch(value) and opaque.group(1) in _ANY_TAG.findall(value):
             return True
     return False
 

@@ -36,6 +36,7 @@ TAG = '"abc"'
         (["*"], True),
         (['"x"'], False),
         (["abc"], False),  # no entity tag: names nothing
+        (['abc "abc"'], False),  # no list of entity tags either
         ([], False),
     ],
 )
