@@ -621,7 +621,9 @@ def head_answer(
     content_length: int | None = None,
 ) -> Response[None]:
     """The answer of a ``HEAD`` route of its own (``head_of_get``, annotated
-    ``Response[None]`` as Litestar asks of a ``HEAD``): ``status_code``, the ``GET``'s
+    ``Response[None]`` as Litestar asks of a ``HEAD``), and of a ``GET`` whose body is work
+    when ``If-None-Match`` names its ``ETag`` (``none_match``; the edge makes it the 304):
+    ``status_code``, the ``GET``'s
     ``media_type`` and ``headers`` (its ``ETag`` among them, where it has one), no body.
     ``Content-Length`` is ``content_length``, the ``GET``'s exact length where it is known
     without the work (a stored artifact's registered size); without it, none (RFC 9110,
