@@ -41,7 +41,12 @@ from trainyard_platform.services.registry import repository as repo
 from trainyard_platform.services.registry.dataset_api import dataset_routes
 from trainyard_platform.services.registry.grantee_view import shown
 from trainyard_platform.services.registry.lineage_api import lineage_routes
-from trainyard_platform.services.registry.model_api import STATUSES, model_routes, version_tag
+from trainyard_platform.services.registry.model_api import (
+    STATUSES,
+    model_routes,
+    of_model,
+    version_tag,
+)
 from trainyard_platform.services.registry.model_cost import CostedVersion
 from trainyard_platform.services.registry.reproduction_api import reproduction_routes
 from trainyard_platform.services.registry.schemas import VersionList, VersionSummary
@@ -61,7 +66,7 @@ from trainyard_platform.shared.storage import ObjectStore
 Caller = NamedDependency[Principal]
 VERSIONS_PAGE_MAX = 500
 VERSIONS = paging.Cursor("GET /v1/models/{team}/{name}/versions", paging.integer)
-"""A page's position in one model's versions (``of`` the model: ``team/name``)."""
+"""A page's position in one model's versions (``of`` the model: ``of_model``, its id)."""
 
 
 def create_app(
@@ -93,20 +98,19 @@ def create_app(
         limit: Annotated[int, QueryParameter(ge=1, le=VERSIONS_PAGE_MAX)] = 100,
         after: Annotated[str | None, QueryParameter(description="the next of a page")] = None,
     ) -> VersionList:
-        key = VERSIONS.read(after, of=f"{team}/{name}")
         async with pool.acquire() as conn:
             await model_grants.readable_or_404(conn, principal, team, name)
-            fetched = await repo.versions_of_model(
-                conn, team, name, limit + 1, key[0] if key else 0
-            )
-            if not fetched and not await repo.model_exists(conn, team, name):
+            model_id = await models_repo.model_id(conn, team, name)
+            if model_id is None:
                 raise await not_found.model(conn, grants.reader_of(principal), team, name)
+            key = VERSIONS.read(after, of=of_model(model_id))
+            fetched = await repo.versions_of_model(conn, model_id, limit + 1, key[0] if key else 0)
         versions, more = paging.split(fetched, limit)
         page = VersionList(
             team=team,
             model=name,
             versions=[VersionSummary.from_domain(v) for v in versions],
-            next=VERSIONS.write(versions[-1].version, of=f"{team}/{name}") if more else None,
+            next=VERSIONS.write(versions[-1].version, of=of_model(model_id)) if more else None,
         )
         return shown(page, team, grants.reader_of(principal))
 

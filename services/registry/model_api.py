@@ -136,9 +136,9 @@ BODY_MAX_BYTES = 64 * 1024
 PAGE_MAX = 500
 MODELS = names.by_name("GET /v1/models")
 ALIASES = paging.Cursor("GET /v1/models/{team}/{name}/aliases", paging.text)
-"""A page's position in one model's aliases (``of`` the model: ``team/name``)."""
+"""A page's position in one model's aliases (``of`` the model: ``of_model``)."""
 MOVES = paging.Cursor("GET .../aliases/{alias}/moves", paging.integer)
-"""A page's position in one alias's moves (``of`` ``team/name/alias``)."""
+"""A page's position in one alias's moves (``of`` the model and the alias: ``of_model``)."""
 LIST_PARAMETERS = frozenset({"team", "after", "limit", "project", "granted"})
 
 log = logging.getLogger(__name__)
@@ -182,6 +182,13 @@ def content_headers(version: ModelVersion, name: str) -> dict[str, str]:
         "ETag": f'"{sha256}"',
         "Last-Modified": formatdate(version.registered_at.timestamp(), usegmt=True),
     }
+
+
+def of_model(model_id: int, *more: str) -> str:
+    """What names a list of one model's (``of`` of its cursor, ``shared.paging``): the
+    model's id, never its name, which a model made again under a deleted one's takes over,
+    and ``more`` (an alias); so a cursor of a deleted model pages nothing of the new one."""
+    return "/".join(("model", str(model_id), *more))
 
 
 def version_tag(version: ModelVersion) -> str:
@@ -644,19 +651,19 @@ def model_routes(
         """A page of the model's aliases by name (``shared.paging``, ``next`` as the
         versions')."""
         names.check_model(team, name)
-        key = ALIASES.read(after, of=f"{team}/{name}")
         async with pool.acquire() as conn:
             await readable(conn, principal, team, name)
             found = await models_repo.model_id(conn, team, name)
             if found is None:
                 raise await no_model(conn, principal, team, name)
+            key = ALIASES.read(after, of=of_model(found))
             fetched = await models_repo.aliases_page(conn, found, limit + 1, key[0] if key else "")
         page, more = paging.split(fetched, limit)
         return AliasList(
             team=team,
             model=name,
             aliases=dict(page),
-            next=ALIASES.write(page[-1][0], of=f"{team}/{name}") if more else None,
+            next=ALIASES.write(page[-1][0], of=of_model(found)) if more else None,
         )
 
     @get(
@@ -791,20 +798,18 @@ def model_routes(
     ) -> AliasHistory:
         names.check_model(team, name)
         names.check("alias", alias)
-        key = MOVES.read(after, of=f"{team}/{name}/{alias}")
         async with pool.acquire() as conn:
             await readable(conn, principal, team, name)
             found = await models_repo.model(conn, team, name)
-            fetched = (
-                await models_repo.alias_moves(
-                    conn, found.id, alias, limit + 1, key[0] if key else 0
-                )
-                if found
-                else []
+            if found is None:
+                raise await no_alias(conn, principal, team, name, alias)
+            key = MOVES.read(after, of=of_model(found.id, alias))
+            fetched = await models_repo.alias_moves(
+                conn, found.id, alias, limit + 1, key[0] if key else 0
             )
             # A page past the last move is empty; only an alias never moved is a 404.
             known = bool(fetched) or bool(
-                found and key and await models_repo.alias_moves(conn, found.id, alias, 1)
+                key and await models_repo.alias_moves(conn, found.id, alias, 1)
             )
             if not known:
                 raise await no_alias(conn, principal, team, name, alias)
@@ -823,7 +828,7 @@ def model_routes(
                 )
                 for m in moves
             ],
-            next=MOVES.write(moves[-1].id, of=f"{team}/{name}/{alias}") if more else None,
+            next=MOVES.write(moves[-1].id, of=of_model(found.id, alias)) if more else None,
         )
         return shown(history, team, grants.reader_of(principal))
 

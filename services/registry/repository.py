@@ -216,17 +216,16 @@ async def insert_version(conn: asyncpg.Connection, model_id: int, version: Model
 
 
 async def versions_of_model(
-    conn: asyncpg.Connection, team: str, name: str, limit: int, after: int = 0
+    conn: asyncpg.Connection, model_id: int, limit: int, after: int = 0
 ) -> list[ModelVersion]:
-    """At most ``limit`` of the model's versions that are not deleted, numbered above
-    ``after``, oldest first."""
+    """At most ``limit`` of model ``model_id``'s versions that are not deleted, numbered
+    above ``after``, oldest first (by the model's id: its name may name another model by
+    the next page)."""
     rows = await conn.fetch(
         f"SELECT {_VERSION_COLUMNS} FROM model_versions v JOIN models m ON m.id = v.model_id "
-        "WHERE m.team = $1 AND m.name = $2 AND m.deleted_at IS NULL AND v.deleted_at IS NULL "
-        "AND v.version > $4 "
-        "ORDER BY v.version LIMIT $3",
-        team,
-        name,
+        "WHERE v.model_id = $1 AND v.deleted_at IS NULL AND v.version > $3 "
+        "ORDER BY v.version LIMIT $2",
+        model_id,
         limit,
         after,
     )
@@ -245,14 +244,3 @@ async def model_version(
         version,
     )
     return ModelVersion.from_row(row) if row is not None else None
-
-
-async def model_exists(conn: asyncpg.Connection, team: str, name: str) -> bool:
-    return bool(
-        await conn.fetchval(
-            "SELECT EXISTS (SELECT 1 FROM models WHERE team = $1 AND name = $2 "
-            "AND deleted_at IS NULL)",
-            team,
-            name,
-        )
-    )

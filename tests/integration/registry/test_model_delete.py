@@ -318,3 +318,57 @@ async def test_a_grantee_s_etag_of_a_model_tells_nothing_of_its_other_grants(
         after = await ml.get(f"/v1/models/vision/{name}")
     assert after.json() == before.json()
     assert after.headers["ETag"] == before.headers["ETag"]
+
+
+async def test_a_cursor_of_a_deleted_model_is_refused_by_the_one_made_again_under_its_name(
+    pool: asyncpg.Pool, store: ObjectStore
+) -> None:
+    """A cursor pages the model it was given for, not whatever model has its name now: the
+    ``next`` of a deleted model's versions, aliases or an alias's moves, given to the model
+    made again under its name, is a 422 on ``after`` saying it is another list's. Before,
+    the cursors were of ``team/name``: the old model's position paged the new model's
+    versions, mixing two models in one listing."""
+    name = f"paged-{uuid.uuid4().hex[:6]}"
+    job = await job_with_checkpoints(pool, store, [1, 2])
+    path = f"/v1/models/vision/{name}"
+
+    async def made() -> None:
+        for checkpoint in job.checkpoints:
+            added = await register(client, "vision", name, job, checkpoint_uri=checkpoint.uri)
+            assert added.status_code == 201, added.text
+        for alias, version in (("prod", 1), ("prod", 2), ("staging", 1)):
+            moved = await client.put(f"{path}/aliases/{alias}", json={"version": version})
+            assert moved.status_code == 200, moved.text
+
+    async def next_of(listing: str) -> str:
+        page = await client.get(f"{path}{listing}", params={"limit": 1})
+        assert page.status_code == 200, page.text
+        following: str = page.json()["next"]
+        assert following
+        return following
+
+    listings = {
+        "/versions": "GET /v1/models/{team}/{name}/versions",
+        "/aliases": "GET /v1/models/{team}/{name}/aliases",
+        "/aliases/prod/moves": "GET .../aliases/{alias}/moves",
+    }
+    async with app_as(pool, store, VISION) as client:
+        await made()
+        old = {listing: await next_of(listing) for listing in listings}
+        for alias in ("prod", "staging"):
+            assert (await client.delete(f"{path}/aliases/{alias}")).is_success
+        for version in (1, 2):
+            assert (await client.delete(f"{path}/versions/{version}")).status_code == 200
+        assert (await client.delete(path)).status_code == 200
+        await made()
+        for listing, route in listings.items():
+            refused = await client.get(f"{path}{listing}", params={"after": old[listing]})
+            assert refused.status_code == 422, (listing, refused.text)
+            assert refused.json()["errors"] == [
+                {"field": "after", "message": f"a cursor of another list, not of {route}"}
+            ], (listing, refused.text)
+            # The new model's own cursors page it as ever.
+            following = await client.get(
+                f"{path}{listing}", params={"limit": 1, "after": await next_of(listing)}
+            )
+            assert following.status_code == 200, following.text
