@@ -389,7 +389,11 @@ def model_routes(
             )
             if audit.must_record(principal):
                 await audit.record(
-                    conn, principal, "delete model", f"{team}/{name}", {"versions": len(tombstones)}
+                    conn,
+                    principal,
+                    "delete model",
+                    f"{team}/{name}",
+                    {"model_id": model_id, "versions": len(tombstones)},
                 )
         # After the commit, as a version's deletion frees its objects: what a failed free
         # left of the tombstones' (the collector frees them otherwise). Without a store
@@ -477,7 +481,13 @@ def model_routes(
                                 principal,
                                 "register model version",
                                 f"{team}/{name}/{version.version}",
-                                {"job_id": body.job_id, "checkpoint_uri": chosen.ref.uri},
+                                {
+                                    **_of_version(
+                                        await models_repo.model_id(conn, team, name), version
+                                    ),
+                                    "job_id": body.job_id,
+                                    "checkpoint_uri": chosen.ref.uri,
+                                },
                             )
                 # The shape GET answers: what the new version cost to make (its job and
                 # upstream).
@@ -511,7 +521,11 @@ def model_routes(
             await models.delete_version(conn, model_id, found, principal.actor, clock())
             if audit.must_record(principal):
                 await audit.record(
-                    conn, principal, "delete model version", f"{team}/{name}/{version}"
+                    conn,
+                    principal,
+                    "delete model version",
+                    f"{team}/{name}/{version}",
+                    _of_version(model_id, found),
                 )
         # After the tombstone committed: a failure here leaves unreferenced objects, which
         # the storage collector frees; never a live version without its objects.
@@ -732,7 +746,7 @@ def model_routes(
                     principal,
                     "move model alias",
                     f"{team}/{name}/{alias}",
-                    {"from": previous, "to": body.version},
+                    {"model_id": model_id, "from": previous, "to": body.version},
                 )
         change = AliasChange(
             team=team, model=name, alias=alias, version=body.version, previous=previous
@@ -779,7 +793,7 @@ def model_routes(
                     principal,
                     "delete model alias",
                     f"{team}/{name}/{alias}",
-                    {"from": previous},
+                    {"model_id": model_id, "from": previous},
                 )
         return AliasChange(team=team, model=name, alias=alias, version=None, previous=previous)
 
@@ -869,7 +883,7 @@ def model_routes(
                 principal,
                 "grant model" if granted else "revoke model grant",
                 f"{team}/{name}",
-                {"grantee_team": grantee_team, "changed": changed},
+                {"model_id": model_id, "grantee_team": grantee_team, "changed": changed},
             )
         return GrantChange(
             team=team, name=name, grantee_team=grantee_team, granted=granted, changed=changed
@@ -951,6 +965,13 @@ def _known_parameters(request: Request[Any, Any, Any], known: frozenset[str]) ->
             errors.append(FieldError(field=key, message="given more than once"))
     if errors:
         raise RequestInvalid(errors)
+
+
+def _of_version(model_id: int | None, version: ModelVersion) -> dict[str, Any]:
+    """What an audit entry of a version's write names besides ``team/name/number``: the
+    model's id and the version's, which a model made again under a deleted one's name (and
+    its own version 1) never shares."""
+    return {"model_id": model_id, "version_id": version.id}
 
 
 def _owned_key(version: ModelVersion, reader: str | None) -> str:

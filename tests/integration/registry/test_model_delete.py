@@ -372,3 +372,56 @@ async def test_a_cursor_of_a_deleted_model_is_refused_by_the_one_made_again_unde
                 f"{path}{listing}", params={"limit": 1, "after": await next_of(listing)}
             )
             assert following.status_code == 200, following.text
+
+
+async def test_the_audit_log_names_which_model_and_version_a_write_was_of(
+    pool: asyncpg.Pool, store: ObjectStore
+) -> None:
+    """A model deleted and made again under its name is another model: each audit entry of
+    a model's writes names its id (and a version's, the version's id) besides the names
+    people read. Before, ``delete model`` named ``team/name`` only, so after a re-create the
+    log could not tell which model had been deleted, nor which ``v1`` a version entry was."""
+    name = f"audited-{uuid.uuid4().hex[:6]}"
+    job = await job_with_checkpoints(pool, store, [1])
+    path = f"/v1/models/vision/{name}"
+    lives = []
+    async with app_as(pool, store, VISION_ADMIN) as client:
+        for _ in range(2):
+            added = await register(client, "vision", name, job)
+            assert added.status_code == 201, added.text
+            assert (await client.put(f"{path}/aliases/prod", json={"version": 1})).is_success
+            assert (await client.put(f"{path}/grants/ml")).is_success
+            async with pool.acquire() as conn:
+                model_id = await conn.fetchval(
+                    "SELECT id FROM models WHERE team = 'vision' AND name = $1 "
+                    "AND deleted_at IS NULL",
+                    name,
+                )
+            lives.append((model_id, added.json()["id"]))
+            assert (await client.delete(f"{path}/grants/ml")).is_success
+            assert (await client.delete(f"{path}/aliases/prod")).is_success
+            assert (await client.delete(f"{path}/versions/1")).status_code == 200
+            assert (await client.delete(path)).status_code == 200
+    async with pool.acquire() as conn:
+        rows = await conn.fetch(
+            "SELECT action, target, detail FROM audit_log WHERE target LIKE $1 ORDER BY id",
+            f"vision/{name}%",
+        )
+    actions = [
+        "register model version",
+        "move model alias",
+        "grant model",
+        "revoke model grant",
+        "delete model alias",
+        "delete model version",
+        "delete model",
+    ]
+    assert [r["action"] for r in rows] == actions * 2
+    for life, (model_id, version_id) in enumerate(lives):
+        entries = rows[life * len(actions) : (life + 1) * len(actions)]
+        assert {r["detail"]["model_id"] for r in entries} == {model_id}, entries
+        by_action = {r["action"]: r for r in entries}
+        for action in ("register model version", "delete model version"):
+            assert by_action[action]["detail"]["version_id"] == version_id
+        assert by_action["delete model"]["target"] == f"vision/{name}"  # for people, as ever
+    assert lives[0][0] != lives[1][0]
