@@ -586,17 +586,16 @@ def run_delete(session: Session) -> int:
 
 def deleted_text(ref: str, deleted: Any) -> str:
     """What ``model delete`` says: the tombstones it kept (none for a model never given a
-    version) and what it freed."""
+    version). It frees nothing: each version's deletion freed its objects."""
     kept = int(deleted.get("tombstones", 0))
     stay = (
         ""
         if not kept
-        else f"its {kept} deleted version stays in the lineage made from it; "
+        else f" (its {kept} deleted version stays in the lineage made from it)"
         if kept == 1
-        else f"its {kept} deleted versions stay in the lineage made from them; "
+        else f" (its {kept} deleted versions stay in the lineage made from them)"
     )
-    freed = f"freed {deleted.get('objects', 0)} objects, {deleted.get('bytes', 0)} bytes"
-    return f"deleted {ref}; its name is free ({stay}{freed})"
+    return f"deleted {ref}; its name is free{stay}"
 
 
 def run_grant(session: Session) -> int:

@@ -11,8 +11,9 @@ downloading versions, and aliases.
   (``model_tag``; to a grantee, which may not write it, a tag of what it is shown).
 - ``DELETE /v1/models/{team}/{name}`` (members): 409 naming its live versions while it has
   any; else the model is deleted (``models.delete_model``: its name is free, its versions'
-  tombstones and their lineage stay), their leftover objects freed after the commit, and
-  the answer says how many tombstones it kept and what it freed. Conditional as the
+  tombstones and their lineage stay) and the answer says how many tombstones it kept. It
+  asks the store nothing, however many versions the model had: each version's deletion
+  freed its objects, and the storage collector frees what a failed free left. Conditional as the
   version's delete, on ``model_tag``: with ``If-Match: <it>`` only the model as it was read
   (412 after a registration, a deletion of a version, an alias move, or a grant or revoke
   since: everything the deletion removes or changes).
@@ -197,33 +198,26 @@ def version_tag(version: ModelVersion) -> str:
     return entity_tag({"id": version.id})
 
 
-async def free_after_commit(
-    store: ObjectStore | None, versions: Sequence[ModelVersion]
-) -> models.Freed:
-    """Free the objects of ``versions``, whose tombstones committed: what was freed. The
-    deletion is done whatever happens here: a store that fails leaves the objects of that
-    version and those after it to the storage collector (logged at WARNING), and the answer
-    says only what was freed, never an error for a deletion that committed."""
-    freed = models.Freed(0, 0)
+async def free_after_commit(store: ObjectStore | None, version: ModelVersion) -> models.Freed:
+    """Free the objects of ``version``, whose tombstone committed: what was freed. The
+    deletion is done whatever happens here: a store that fails leaves its objects to the
+    storage collector (logged at WARNING), and the answer says only what was freed, never
+    an error for a deletion that committed."""
     if store is None:
-        return freed
-    for i, version in enumerate(versions):
-        try:
-            more = await asyncio.to_thread(models.free_objects, store, version)
-        except Exception as exc:
-            log.warning(
-                "model %s/%s: the objects of %d deleted version(s) from version %d on are "
-                "left to the storage collector: freeing them failed (%s: %s)",
-                version.team,
-                version.model_name,
-                len(versions) - i,
-                version.version,
-                type(exc).__name__,
-                exc,
-            )
-            break
-        freed = models.Freed(freed.objects + more.objects, freed.bytes + more.bytes)
-    return freed
+        return models.Freed(0, 0)
+    try:
+        return await asyncio.to_thread(models.free_objects, store, version)
+    except Exception as exc:
+        log.warning(
+            "model %s/%s: the objects of deleted version %d are left to the storage "
+            "collector: freeing them failed (%s: %s)",
+            version.team,
+            version.model_name,
+            version.version,
+            type(exc).__name__,
+            exc,
+        )
+        return models.Freed(0, 0)
 
 
 def model_tag(model: ModelRow, grantees: Sequence[str]) -> str:
@@ -393,19 +387,9 @@ def model_routes(
                     principal,
                     "delete model",
                     f"{team}/{name}",
-                    {"model_id": model_id, "versions": len(tombstones)},
+                    {"model_id": model_id, "versions": tombstones},
                 )
-        # After the commit, as a version's deletion frees its objects: what a failed free
-        # left of the tombstones' (the collector frees them otherwise). Without a store
-        # there is nothing to free.
-        freed = await free_after_commit(store, tombstones)
-        return ModelDeleted(
-            team=team,
-            model=name,
-            tombstones=len(tombstones),
-            objects=freed.objects,
-            bytes=freed.bytes,
-        )
+        return ModelDeleted(team=team, model=name, tombstones=tombstones)
 
     @post(
         "/v1/models/{team:str}/{name:str}/versions",
@@ -529,7 +513,7 @@ def model_routes(
                 )
         # After the tombstone committed: a failure here leaves unreferenced objects, which
         # the storage collector frees; never a live version without its objects.
-        freed = await free_after_commit(source, [found])
+        freed = await free_after_commit(source, found)
         return Freed(
             team=team, model=name, version=version, objects=freed.objects, bytes=freed.bytes
         )

@@ -23,7 +23,9 @@ Contract:
   nothing is freed (its artifact is the job's checkpoint).
 - ``delete_model`` refuses (``ModelInUse``, naming them) while the model has live versions;
   else it marks the model deleted in the caller's transaction: its name is free for a new
-  model, its tombstones and their lineage stay (docs/models.md, "Deleting a model").
+  model, its tombstones and their lineage stay (docs/models.md, "Deleting a model"). It
+  has nothing to free: its versions' deletions did, and the storage collector frees what a
+  failed free left (a deleted version's key is referenced by no live version).
 - ``move_alias`` points an alias at a live version of the model under the model's row
   lock, appending the move (who, from, to, when) to ``model_alias_moves``. A model has at
   most ``MAX_ALIASES`` aliases: every model listing and detail carries all of them.
@@ -287,12 +289,14 @@ async def delete_version(
 
 async def delete_model(
     conn: asyncpg.Connection, model_id: int, team: str, name: str, actor: str, now: datetime
-) -> list[ModelVersion]:
+) -> int:
     """Delete model ``team/name`` (its row locked by the caller): ``ModelInUse`` naming its
     live versions while it has any; else its aliases (none can point at a deleted version;
     removed as moves, should one) and grants go, the row is marked deleted (``deleted_at``,
     ``deleted_by``) so its name is free, and the versions' tombstones stay, with every
-    lineage edge to them. Returns those tombstones (their objects to free after commit)."""
+    lineage edge to them. Returns how many tombstones it has. Nothing of the store is left
+    to do: each version's deletion freed its objects, and what a failed free left is no
+    live version's, which the storage collector frees."""
     live = [
         int(r["version"])
         for r in await conn.fetch(
@@ -319,12 +323,9 @@ async def delete_model(
         now,
         actor,
     )
-    rows = await conn.fetch(
-        f"SELECT {repo.VERSION_COLUMNS} FROM model_versions v JOIN models m ON m.id = v.model_id "
-        "WHERE v.model_id = $1 ORDER BY v.version",
-        model_id,
+    return int(
+        await conn.fetchval("SELECT count(*) FROM model_versions WHERE model_id = $1", model_id)
     )
-    return [ModelVersion.from_row(r) for r in rows]
 
 
 def free_objects(store: ObjectStore, version: ModelVersion) -> Freed:

@@ -257,8 +257,5 @@ class ModelDeleted(_Schema):
     team: str
     model: str
     tombstones: int
-    """Its deleted versions, kept for the lineage that names them."""
-    objects: int
-    """Objects of those versions still in the store, freed now (version deletion frees
-    them; these are what a failed free left)."""
-    bytes: int
+    """Its deleted versions, kept for the lineage that names them (their objects were
+    freed as each was deleted; what a failed free left, the storage collector frees)."""

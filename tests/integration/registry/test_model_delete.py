@@ -6,6 +6,8 @@ still readable. (Before, a model could not be deleted: its name stayed taken for
 from __future__ import annotations
 
 import uuid
+from datetime import timedelta
+from typing import Any
 
 import asyncpg
 import pytest
@@ -21,6 +23,8 @@ from tests.integration.registry.modelkit import (
 from tests.integration.registry.test_datasets import add
 from tests.integration.registry.test_lineage import get, run_job
 from trainyard_platform.services.registry import models
+from trainyard_platform.services.registry.collector import StorageCollector
+from trainyard_platform.shared.settings import DatabaseSettings
 from trainyard_platform.shared.storage import ObjectStore
 
 pytestmark = pytest.mark.integration
@@ -59,13 +63,7 @@ async def test_a_model_without_live_versions_is_deleted_and_its_name_freed(
 
         deleted = await client.delete(f"/v1/models/vision/{name}", headers={"If-Match": fresh})
         assert deleted.status_code == 200, deleted.text
-        assert deleted.json() == {
-            "team": "vision",
-            "model": name,
-            "tombstones": 2,
-            "objects": 0,
-            "bytes": 0,
-        }
+        assert deleted.json() == {"team": "vision", "model": name, "tombstones": 2}
         for path in ("", "/versions", "/versions/1", "/aliases"):
             assert (await client.get(f"/v1/models/vision/{name}{path}")).status_code == 404
         gone = (await client.get(f"/v1/models/vision/{name}")).json()["detail"]
@@ -195,10 +193,11 @@ async def test_a_model_made_again_under_a_deleted_one_s_name_is_another_lineage_
 async def test_a_deletion_whose_objects_cannot_be_freed_now_still_answers_that_it_is_done(
     pool: asyncpg.Pool, store: ObjectStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The objects of a deleted version (or of a deleted model's tombstones) are freed after
-    the deletion commits; the store failing then leaves them to the storage collector. The
-    deletion is done: the answer says so, with nothing freed. Before, the store's error
-    reached the caller as a 500 for a deletion that had committed, and a retry got 404."""
+    """The objects of a deleted version are freed after the deletion commits; the store
+    failing then leaves them to the storage collector. The deletion is done: the answer says
+    so, with nothing freed (and the model's deletion after it asks the store nothing).
+    Before, the store's error reached the caller as a 500 for a deletion that had committed,
+    and a retry got 404."""
     name = f"flaky-{uuid.uuid4().hex[:6]}"
     job = await job_with_checkpoints(pool, store, [1])
 
@@ -213,7 +212,7 @@ async def test_a_deletion_whose_objects_cannot_be_freed_now_still_answers_that_i
         assert (gone.json()["objects"], gone.json()["bytes"]) == (0, 0)
         deleted = await client.delete(f"/v1/models/vision/{name}")
         assert deleted.status_code == 200, deleted.text
-        assert (deleted.json()["tombstones"], deleted.json()["objects"]) == (1, 0)
+        assert deleted.json()["tombstones"] == 1
         assert (await client.get(f"/v1/models/vision/{name}")).status_code == 404
 
 
@@ -425,3 +424,58 @@ async def test_the_audit_log_names_which_model_and_version_a_write_was_of(
             assert by_action[action]["detail"]["version_id"] == version_id
         assert by_action["delete model"]["target"] == f"vision/{name}"  # for people, as ever
     assert lives[0][0] != lives[1][0]
+
+
+async def test_a_model_s_deletion_asks_the_store_nothing_and_the_collector_frees_leftovers(
+    pool: asyncpg.Pool, store: ObjectStore, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each version's deletion frees its own objects; what a failed free left is no live
+    version's, so the storage collector frees it. A model's deletion then has nothing of
+    the store to do: its request asks the store nothing, however many versions it had.
+    Before, it listed every tombstone's folder again in the request, work growing with every
+    version the model ever had deleted."""
+    name = f"many-{uuid.uuid4().hex[:6]}"
+    job = await job_with_checkpoints(pool, store, [1, 2, 3])
+    path = f"/v1/models/vision/{name}"
+    real_free = models.free_objects
+
+    def store_down(store: ObjectStore, version: object) -> models.Freed:
+        raise OSError("connection reset by the object store")
+
+    async with app_as(pool, store, VISION) as client:
+        for checkpoint in job.checkpoints:
+            added = await register(client, "vision", name, job, checkpoint_uri=checkpoint.uri)
+            assert added.status_code == 201, added.text
+        monkeypatch.setattr(models, "free_objects", store_down)
+        assert (await client.delete(f"{path}/versions/1")).status_code == 200
+        monkeypatch.setattr(models, "free_objects", real_free)
+        for version in (2, 3):
+            assert (await client.delete(f"{path}/versions/{version}")).status_code == 200
+
+        asked: list[tuple[str, Any]] = []
+        for call in ("list", "delete", "exists", "size", "get_bytes"):
+            real = getattr(store, call)
+
+            def counted(*args: Any, _call: str = call, _real: Any = real) -> Any:
+                asked.append((_call, args))
+                return _real(*args)
+
+            monkeypatch.setattr(store, call, counted)
+        deleted = await client.delete(path)
+        assert deleted.status_code == 200, deleted.text
+        assert deleted.json() == {"team": "vision", "model": name, "tombstones": 3}
+        assert asked == []
+
+    async with pool.acquire() as conn:
+        left = await conn.fetchval(
+            "SELECT v.artifact_key FROM model_versions v JOIN models m ON m.id = v.model_id "
+            "WHERE m.team = 'vision' AND m.name = $1 AND v.version = 1",
+            name,
+        )
+    folder = left.rpartition("/")[0] + "/"
+    assert store.list(folder)  # what the failed free left
+    database = DatabaseSettings(url=database_url)
+    collector = StorageCollector(pool, database, store, keep=3, grace=timedelta(0))
+    report = await collector.collect_once()
+    assert report.ran, report
+    assert store.list(folder) == []
