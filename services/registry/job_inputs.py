@@ -8,10 +8,15 @@ Contract:
 - The spec's ``parent_model`` (``team/name:version`` or ``@alias``, an alias resolved now)
   is recorded once per job in ``job_parents`` (``record_parent``) from the first of its
   ``job.submitted`` (admitted, waiting), grant or start that the registry hears: the first
-  answer stays. ``ended`` marks it ended when the job ends (succeeded, failed for good,
+  answer stays. With ``parent_model_version_id`` (the version submission admitted) it is
+  that version, found by its id, and only if it is the one ``parent_model`` names: a model
+  deleted and made again under its name since the admission never takes its place.
+  Without it (a publisher that does not say), the version is looked up by name.
+  ``ended`` marks it ended when the job ends (succeeded, failed for good,
   cancelled); until then its parent version cannot be deleted (``models.delete_version``).
   A parent deleted before the registry heard of the job (between submission's check and
-  its ``job.submitted``) is recorded as its tombstone, logged at WARNING. Deliveries need not
+  its ``job.submitted``) is recorded as its tombstone, logged at WARNING (by name, only
+  while its model is not deleted). Deliveries need not
   come in order: a job that ended before any event naming its parent was handled (its end
   is kept in ``jobs_ended_unheard`` when none of its starts was handled, which records the
   parent; ``retention`` deletes it after the event stream's horizon) has that parent
@@ -36,6 +41,7 @@ from trainyard_platform.services.registry import dataset_repository as datasets
 from trainyard_platform.services.registry import model_grants, references
 from trainyard_platform.services.registry import model_repository as models_repo
 from trainyard_platform.services.registry import repository as repo
+from trainyard_platform.services.registry.domain import ModelVersion
 from trainyard_platform.shared.events.payloads import JobSpec, JobStarted
 
 log = logging.getLogger(__name__)
@@ -81,22 +87,20 @@ async def record_parent(
     except ValueError as exc:
         log.warning("job %s: parent model %s; not recorded", job_id, exc)
         return
-    number = ref.version
-    if ref.alias is not None:
-        model = await models_repo.model(conn, ref.team, ref.name)
-        number = None if model is None else model.aliases.get(ref.alias)
+    admitted = spec.parent_model_version_id
     parent = (
-        None
-        if number is None or not await model_grants.readable(conn, team, ref.team, ref.name)
-        else await repo.model_version(conn, ref.team, ref.name, number)
+        await _by_name(conn, team, ref)
+        if admitted is None
+        else await _admitted(conn, team, ref, admitted)
     )
     if parent is None:
         log.warning(
-            "job %s of team %s: parent model %s does not exist or is not readable by the team; "
-            "not recorded",
+            "job %s of team %s: parent model %s%s does not exist, is not readable by the team "
+            "or is not the version admitted; not recorded",
             job_id,
             team,
             text,
+            "" if admitted is None else f" (version id {admitted})",
         )
         return
     if parent.deleted_at is not None:
@@ -115,6 +119,36 @@ async def record_parent(
         uuid.UUID(parent.id),
         now,
     )
+
+
+async def _admitted(
+    conn: asyncpg.Connection, team: str, ref: references.Reference, version_id: str
+) -> ModelVersion | None:
+    """The version submission admitted (``version_id``), if it is the one ``ref`` names
+    and ``team`` may read it: found by its id, so a model deleted and made again under its
+    name since is never taken for it."""
+    found = await repo.version_by_id(conn, version_id)
+    if found is None or (found.team, found.model_name) != (ref.team, ref.name):
+        return None
+    if ref.version is not None and found.version != ref.version:
+        return None
+    if not await model_grants.version_readable(conn, team, found.team, version_id):
+        return None
+    return found
+
+
+async def _by_name(
+    conn: asyncpg.Connection, team: str, ref: references.Reference
+) -> ModelVersion | None:
+    """The version ``ref`` names now (an alias resolved now), if ``team`` may read it: for
+    a spec that does not carry the id submission admitted."""
+    number = ref.version
+    if ref.alias is not None:
+        model = await models_repo.model(conn, ref.team, ref.name)
+        number = None if model is None else model.aliases.get(ref.alias)
+    if number is None or not await model_grants.readable(conn, team, ref.team, ref.name):
+        return None
+    return await repo.model_version(conn, ref.team, ref.name, number)
 
 
 async def ended(conn: asyncpg.Connection, job_id: str, at: datetime) -> None:

@@ -10,13 +10,15 @@ team's.
 
 Contract:
 - ``readable(conn, reader, team, name)`` is the one read-permission rule of models: the
-  owning team, a granted team, or an operator (``reader`` None).
+  owning team, a granted team, or an operator (``reader`` None); ``version_readable`` is
+  the same rule for a version known by its id.
 - ``readable_or_404`` raises ``NotFoundException`` for a model the caller may not read,
   exactly as for one that does not exist (``not_found.model``), so existence does not leak.
 """
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime
 from typing import ClassVar
 
@@ -40,6 +42,22 @@ class ModelDetail(ModelSummary):
 async def readable(conn: asyncpg.Connection, reader: str | None, team: str, name: str) -> bool:
     """Whether ``reader`` (a team; None: an operator) may read model ``team/name``."""
     return await grants.MODELS.readable(conn, reader, team, name)
+
+
+async def version_readable(
+    conn: asyncpg.Connection, reader: str, team: str, version_id: str
+) -> bool:
+    """Whether team ``reader`` may read the version of id ``version_id`` of a model of
+    ``team``: by the model's id, not its name (which may name another model by now)."""
+    if reader == team:
+        return True
+    found = await conn.fetchval(
+        """SELECT 1 FROM model_grants g JOIN model_versions v ON v.model_id = g.model_id
+           WHERE v.id = $1 AND g.grantee_team = $2""",
+        uuid.UUID(version_id),
+        reader,
+    )
+    return found is not None
 
 
 async def readable_or_404(

@@ -4,6 +4,7 @@ unqualified: the pool's ``search_path`` is the ``registry`` schema."""
 from __future__ import annotations
 
 import math
+import uuid
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
@@ -230,6 +231,17 @@ async def versions_of_model(
         after,
     )
     return [ModelVersion.from_row(r) for r in rows]
+
+
+async def version_by_id(conn: asyncpg.Connection, version_id: str) -> ModelVersion | None:
+    """The version of id ``version_id``, deleted or of a deleted model too (``deleted_at``
+    and ``model_deleted_at`` say so)."""
+    row = await conn.fetchrow(
+        f"SELECT {_VERSION_COLUMNS} FROM model_versions v JOIN models m ON m.id = v.model_id "
+        "WHERE v.id = $1",
+        uuid.UUID(version_id),
+    )
+    return ModelVersion.from_row(row) if row is not None else None
 
 
 async def model_version(

@@ -66,6 +66,8 @@ DATASET_REF_PATTERN = rf"^{_REF_NAME}/{_REF_NAME}(?::[1-9][0-9]{{0,8}})?$"
 no leading dot, no ``/``, ``%``, NUL or other control character)."""
 MODEL_REF_PATTERN = rf"^{_REF_NAME}/{_REF_NAME}(?::[1-9][0-9]{{0,8}}|@[a-z][a-z0-9_-]{{0,62}})$"
 """``team/name:version`` or ``team/name@alias`` of a registered model version."""
+VERSION_ID_PATTERN = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
+"""The id of a registered version (a UUID, as the registry writes it)."""
 
 NOT_IN_A_NAME = re.compile(r"[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
 """What no name, id or key may hold, whoever chose it (the APIs' screen of bodies,
@@ -252,6 +254,11 @@ class JobSpec(BaseModel):
     parent_model: Text | None = Field(default=None, min_length=3, max_length=MAX_REFERENCE)
     """The model version the job fine-tunes from, ``team/name:version`` (submission resolves
     ``team/name@alias`` to the version it points at, at admission)."""
+    parent_model_version_id: Text | None = Field(default=None, pattern=VERSION_ID_PATTERN)
+    """The id of the version ``parent_model`` named at admission (submission puts it there):
+    the registry records that version as the parent, never another that has its name and
+    number by the time it hears of the job (the model deleted and made again). None: from
+    a publisher that does not say (the registry looks ``parent_model`` up by name)."""
     reproduces: Text | None = Field(default=None, min_length=1, max_length=100)
     """The id of the job this one reproduces (``POST /v1/jobs/{id}/reproduce``): the
     registry compares the two when this one ends."""

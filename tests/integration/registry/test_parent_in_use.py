@@ -106,3 +106,56 @@ async def test_a_job_that_ended_before_the_registry_heard_of_it_keeps_no_parent(
     async with app_as(pool, store, VISION) as vision:
         deleted = await vision.delete(parent)
         assert deleted.status_code == 200, deleted.text
+
+
+async def test_a_job_s_parent_is_the_version_admitted_not_one_made_again_under_its_name(
+    pool: asyncpg.Pool, store: ObjectStore
+) -> None:
+    """Submission admits ``vision/base:1`` and puts that version's id in the spec; the
+    version and its model are deleted and the model made again (a new ``v1``) before the
+    registry hears ``job.submitted``. The job's parent is the version admitted (its
+    tombstone), never the new ``v1``, which stays free to delete. Before, the registry
+    looked ``vision/base:1`` up by name when it heard of the job and recorded the new model's
+    version: lineage to weights the job never used, and the new ``v1`` held for the job."""
+    tag = uuid.uuid4().hex[:6]
+    base = f"base-{tag}"
+    await run_job(pool, store, base)
+
+    async def v1_id() -> str:
+        async with pool.acquire() as conn:
+            found = await conn.fetchval(
+                "SELECT v.id FROM model_versions v JOIN models m ON m.id = v.model_id "
+                "WHERE m.team = 'vision' AND m.name = $1 AND m.deleted_at IS NULL "
+                "AND v.version = 1",
+                base,
+            )
+        return str(found)
+
+    admitted = await v1_id()
+    async with app_as(pool, store, VISION) as vision:
+        for path in (f"{base}/versions/1", base):
+            assert (await vision.delete(f"/v1/models/vision/{path}")).status_code == 200
+    await run_job(pool, store, base)
+    made_again = await v1_id()
+    assert made_again != admitted
+
+    job, forged = str(uuid.uuid4()), str(uuid.uuid4())
+    tuned = spec(f"tuned-{tag}").model_copy(
+        update={"parent_model": f"vision/{base}:1", "parent_model_version_id": admitted}
+    )
+    await apply(pool, store, job, JobSubmitted(job_id=job, spec=tuned, submitted_at=T0))
+    # An id that is not the version the reference names is no parent at all.
+    other = tuned.model_copy(update={"parent_model": f"vision/tuned-{tag}:1"})
+    await apply(pool, store, forged, JobSubmitted(job_id=forged, spec=other, submitted_at=T0))
+    async with pool.acquire() as conn:
+        parents = {
+            r["job_id"]: str(r["parent_version_id"])
+            for r in await conn.fetch(
+                "SELECT job_id, parent_version_id FROM job_parents WHERE job_id = ANY($1)",
+                [job, forged],
+            )
+        }
+    assert parents == {job: admitted}
+    async with app_as(pool, store, VISION) as vision:
+        gone = await vision.delete(f"/v1/models/vision/{base}/versions/1")
+        assert gone.status_code == 200, gone.text
