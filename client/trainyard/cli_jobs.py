@@ -209,6 +209,11 @@ def _script_packed(loaded: SpecFile, spec: dict[str, Any], workdir: Path, bundle
     raise loaded.explain([{"field": "entrypoint", "message": why}])
 
 
+PLATFORM_SET = ("user", "team", "reproduces", "parent_model_version_id")
+"""Fields of a job's stored spec that the platform sets, never a request (one given is a
+422): a rerun leaves them out, and the parent model is admitted again by its reference."""
+
+
 def rerun(session: Session) -> int:
     """Submit the spec of an earlier job again (same code, with the overrides given); with
     ``--reproduce``, reproduce it (``reproduce``)."""
@@ -222,7 +227,7 @@ def rerun(session: Session) -> int:
     spec = {
         k: v
         for k, v in old["spec"].items()
-        if k not in ("user", "team", "reproduces") and v is not None and v != "" and v != []
+        if k not in PLATFORM_SET and v is not None and v != "" and v != []
     }
     labels = dict(spec.get("labels") or {})
     if len(labels) < MAX_LABELS or RERUN_LABEL in labels:  # the lineage, where it fits

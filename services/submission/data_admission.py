@@ -4,7 +4,10 @@ Contract:
 - ``DataAdmission.admit(job, authorization)`` returns the job with every reference resolved
   to a version: each of ``datasets`` as ``team/name:version`` (a reference without a version
   takes the latest one now) and ``parent_model`` as ``team/name:version`` (an alias takes
-  the version it points at now). A job naming neither is returned as is, without a call.
+  the version it points at now), with that version's id, which the job's spec carries
+  (``JobSpec.parent_model_version_id``: the registry records that very version as the
+  job's parent, whatever its name names by then). A job naming neither is returned as is,
+  without a call.
 - It asks the registry (``registry_url``) over HTTP **with the submitting user's own
   token** (``authorization``, the request's header as received): the registry applies that
   user's rights (a dataset or a model of the team or granted to it: dataset grants and model
@@ -103,18 +106,17 @@ class DataAdmission:
                         )
                     )
                 datasets.append(resolved or text)
-            parent = job.parent_model
-            if parent is not None:
-                parent = await _model(client, parent)
-                if parent is None:
-                    errors.append(
-                        FieldError(
-                            field="parent_model", message=UNREADABLE.format(kind="model version")
-                        )
+            parent = None if job.parent_model is None else await _model(client, job.parent_model)
+            if job.parent_model is not None and parent is None:
+                errors.append(
+                    FieldError(
+                        field="parent_model", message=UNREADABLE.format(kind="model version")
                     )
+                )
         if errors:
             raise RequestInvalid(errors)
-        return job.model_copy(update={"datasets": datasets, "parent_model": parent})
+        admitted = job.model_copy(update={"datasets": datasets})
+        return admitted if parent is None else admitted.with_parent_version(*parent)
 
 
 def _parts(text: str) -> tuple[str, str, str | None, str | None]:
@@ -150,10 +152,15 @@ async def _dataset(client: httpx.AsyncClient, text: str) -> str | None:
     return None if latest is None else f"{team}/{name}:{latest['latest_version']}"
 
 
-async def _model(client: httpx.AsyncClient, text: str) -> str | None:
+async def _model(client: httpx.AsyncClient, text: str) -> tuple[str, str | None] | None:
+    """``team/name:version`` of the version ``text`` names now, and its id (None from a
+    registry that does not answer it: the registry then looks the reference up by name)."""
     team, name, version, alias = _parts(text)
     if alias is not None:
         found = await _get(client, f"/v1/models/{team}/{name}/versions/by-alias/{alias}")
     else:
         found = await _get(client, f"/v1/models/{team}/{name}/versions/{version}")
-    return None if found is None else f"{team}/{name}:{found['version']}"
+    if found is None:
+        return None
+    version_id = found.get("id")
+    return f"{team}/{name}:{found['version']}", version_id if isinstance(version_id, str) else None

@@ -24,6 +24,7 @@ from pydantic import (
     ConfigDict,
     Field,
     PlainValidator,
+    PrivateAttr,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -401,6 +402,9 @@ class JobRequest(BaseModel):
     parent_model: ModelRef | None = None
     """The model version the job fine-tunes from: ``team/name:version`` or
     ``team/name@alias`` of a model of the job's own team."""
+    _parent_model_version_id: str | None = PrivateAttr(default=None)
+    # The id of the version ``parent_model`` named at admission (``data_admission``), never
+    # read from a body: the spec carries it, so the registry records that very version.
 
     @field_validator("gpu_flavor")
     @classmethod
@@ -455,12 +459,24 @@ class JobRequest(BaseModel):
             )
         return self
 
+    def with_parent_version(self, parent_model: str, version_id: str | None) -> JobRequest:
+        """This request with ``parent_model`` as admission resolved it (``team/name:version``)
+        and the id of that version, which its spec carries (``to_spec``)."""
+        admitted = self.model_copy(update={"parent_model": parent_model})
+        admitted._parent_model_version_id = version_id
+        return admitted
+
     def to_spec(self, user: str, team: str) -> JobSpec:
         """The wire spec, as submitted by ``user`` of ``team``."""
         fields = self.model_dump(exclude={"team", "api_version", "kind"})
         fields["entrypoint"] = self.entrypoint or ""
         fields["command"] = list(self.command or [])
-        return JobSpec(**fields, user=user, team=team)
+        return JobSpec(
+            **fields,
+            user=user,
+            team=team,
+            parent_model_version_id=self._parent_model_version_id,
+        )
 
 
 RoleName = Literal["viewer", "member", "admin", "operator"]

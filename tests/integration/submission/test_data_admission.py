@@ -256,3 +256,30 @@ async def test_a_retry_is_its_keys_job_though_the_latest_version_changed(
     refused = await p.submission.post("/v1/jobs", json=other, headers=headers)
     assert refused.status_code == 409, refused.text
     assert "Idempotency-Key" in refused.json()["detail"]
+
+
+async def test_the_spec_carries_the_id_of_the_parent_version_admitted(platform: Platform) -> None:
+    """Admission resolves ``parent_model`` to a version and puts that version's id in the
+    job's spec (``parent_model_version_id``), so the registry records that very version as
+    the job's parent, even if the model is deleted and made again under its name before it
+    hears of the job. A caller cannot give the id itself: the body field is unknown (422).
+    Before, the spec carried only ``team/name:version``, which the registry looked up by
+    name when its ``job.submitted`` arrived."""
+    p = platform
+    await model_version(p, p.vision, "base")
+    version = await p.registry.get(
+        f"/v1/models/{p.vision}/base/versions/1", headers=p.auth(p.vision)
+    )
+    assert version.status_code == 200, version.text
+
+    answer = await p.submit(p.vision, parent_model=f"{p.vision}/base:1")
+    assert answer.status_code == 201, answer.text
+    assert answer.json()["spec"]["parent_model_version_id"] == version.json()["id"]
+    plain = await p.submit(p.vision)
+    assert plain.status_code == 201, plain.text
+    assert plain.json()["spec"]["parent_model_version_id"] is None
+
+    forged = await p.submit(
+        p.vision, parent_model=f"{p.vision}/base:1", parent_model_version_id=str(uuid.uuid4())
+    )
+    assert list(errors(forged)) == ["parent_model_version_id"]

@@ -1,0 +1,56 @@
+"""``rerun JOB`` submits the job's stored spec again, less what the platform sets."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from trainyard import cli
+from trainyard.cli_base import Exit
+from trainyard.client import TrainyardClient
+
+JOB = "0b6f3f4e-8a59-4c39-9a43-4f6b2b1f4a11"
+
+
+def test_a_rerun_leaves_out_the_fields_the_platform_sets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fine-tuned job's stored spec carries the id of the parent version its admission
+    resolved (``parent_model_version_id``), which no request may give: the rerun names the
+    parent by its reference only, as it leaves out ``user``, ``team`` and ``reproduces``.
+    Sent back, it would make every rerun of a fine-tuned job a 422 naming it."""
+    stored = {
+        "name": "tuned",
+        "user": "alice",
+        "team": "vision",
+        "entrypoint": "train.py",
+        "gpus": 1,
+        "gpu_flavor": "cpu",
+        "parent_model": "vision/base:1",
+        "parent_model_version_id": "5d1e0c1e-2f1b-4d55-9a43-0c6b2b1f4a11",
+        "reproduces": "an-earlier-job",
+    }
+    sent: list[dict[str, Any]] = []
+
+    def route(request: httpx.Request) -> httpx.Response:
+        if request.method == "GET" and request.url.path == f"/v1/jobs/{JOB}":
+            return httpx.Response(200, json={"id": JOB, "status": "SUCCEEDED", "spec": stored})
+        if request.method == "POST" and request.url.path == "/v1/jobs":
+            sent.append(json.loads(request.content))
+            return httpx.Response(422, json={"detail": "stop here", "errors": []})
+        return httpx.Response(404, json={"detail": "no", "errors": []})
+
+    def make(base_url: str, token: str, timeout: float = 10) -> TrainyardClient:
+        return TrainyardClient(base_url, token, timeout, transport=httpx.MockTransport(route))
+
+    monkeypatch.setattr(cli, "TrainyardClient", make)
+    monkeypatch.setenv("TRAINYARD_CONFIG", str(tmp_path / "config.json"))
+    monkeypatch.setenv("TRAINYARD_TOKEN", "ty_a")
+    assert cli.main(["rerun", JOB]) == Exit.ERROR
+    (body,) = sent
+    assert body["parent_model"] == "vision/base:1"
+    assert not {"user", "team", "reproduces", "parent_model_version_id"} & set(body)
