@@ -209,9 +209,10 @@ def _script_packed(loaded: SpecFile, spec: dict[str, Any], workdir: Path, bundle
     raise loaded.explain([{"field": "entrypoint", "message": why}])
 
 
-PLATFORM_SET = ("user", "team", "reproduces", "parent_model_version_id")
+PLATFORM_SET = ("user", "team", "reproduces")
 """Fields of a job's stored spec that the platform sets, never a request (one given is a
-422): a rerun leaves them out, and the parent model is admitted again by its reference."""
+422): a rerun leaves them out. The parent model's version id stays, a pin: the rerun
+fine-tunes from that very version, or is refused naming ``parent_model_version_id``."""
 
 
 def rerun(session: Session) -> int:

@@ -33,6 +33,9 @@ PATTERN_WORDS: dict[str, str] = {
     ),
     r"^[0-9a-f]{64}$": "a sha256: 64 lower-case hexadecimal digits",
     r"^[0-9a-f]{40}$": "a whole commit id: 40 lower-case hexadecimal digits",
+    r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$": (
+        "an id of 32 lower-case hexadecimal digits in groups of 8-4-4-4-12 joined by '-' (a UUID)"
+    ),
     rf"^{_REF_NAME}/{_REF_NAME}(?::[1-9][0-9]{{0,8}})?$": (
         f"TEAM/NAME or TEAM/NAME:VERSION ({_REF_NAME_WORDS}; a version from 1 to 999999999)"
     ),

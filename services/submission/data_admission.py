@@ -113,10 +113,22 @@ class DataAdmission:
                         field="parent_model", message=UNREADABLE.format(kind="model version")
                     )
                 )
+            pin = job.parent_model_version_id
+            if pin is not None and (parent is None or parent[1] != pin):
+                errors.append(FieldError(field="parent_model_version_id", message=_unpinned(job)))
         if errors:
             raise RequestInvalid(errors)
         admitted = job.model_copy(update={"datasets": datasets})
         return admitted if parent is None else admitted.with_parent_version(*parent)
+
+
+def _unpinned(job: JobRequest) -> str:
+    """Why a job's pin of its parent version (``parent_model_version_id``) is refused."""
+    return (
+        f"is not the id of the version {job.parent_model} names now (the model was deleted "
+        "and made again, or its alias moved, since the spec was written); leave it out to "
+        "fine-tune from the version it names now"
+    )
 
 
 def _parts(text: str) -> tuple[str, str, str | None, str | None]:

@@ -10,8 +10,9 @@ Contract:
   (bundle sha256 or git commit), entrypoint, arguments, requirements, image, hyper-parameters,
   seed, dataset versions and parent model version — with ``reproduces`` naming the
   original, the caller as its user, and ``register_model`` false (a reproduction checks a
-  model, it does not make one). The parent's ``team/name:version`` is admitted again, and
-  its id (``parent_model_version_id``) is the one that admission finds.
+  model, it does not make one). The parent's ``team/name:version`` is admitted again, pinned
+  to the version id the original was admitted with (``parent_model_version_id``): 422
+  naming it when that version is gone (its model deleted and made again under its name).
   It passes admission like any job: budgets (``governance``) and the data permissions
   (``data_admission``: the team must still be able to read every dataset version).
 - The optional body may change ``datasets``, ``seed`` or ``hyperparameters`` (keys merged
@@ -107,10 +108,9 @@ def reproduction_body(original: JobSpec, changes: ReproduceRequest) -> bytes:
         key: value
         for key, value in original.model_dump(mode="json").items()
         # Empty values are the request's defaults (an empty ``command`` is refused as such).
-        # The parent's version id is admission's, never a request's: the reproduction's own
-        # admission resolves ``parent_model`` again and sets it.
-        if key not in ("user", "team", "reproduces", "parent_model_version_id")
-        and value not in (None, "", [])
+        # The parent's version id goes with it, a pin: a reproduction fine-tunes from that
+        # very version or is refused (a model made again under its name is another).
+        if key not in ("user", "team", "reproduces") and value not in (None, "", [])
     }
     spec["register_model"] = False
     if changes.datasets is not None:

@@ -24,7 +24,6 @@ from pydantic import (
     ConfigDict,
     Field,
     PlainValidator,
-    PrivateAttr,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -55,6 +54,7 @@ from trainyard_platform.shared.events.payloads import (
     MAX_REQUIREMENTS,
     MAX_SEED,
     MODEL_REF_PATTERN,
+    VERSION_ID_PATTERN,
     HyperValue,
     JobSpec,
 )
@@ -402,9 +402,11 @@ class JobRequest(BaseModel):
     parent_model: ModelRef | None = None
     """The model version the job fine-tunes from: ``team/name:version`` or
     ``team/name@alias`` of a model of the job's own team."""
-    _parent_model_version_id: str | None = PrivateAttr(default=None)
-    # The id of the version ``parent_model`` named at admission (``data_admission``), never
-    # read from a body: the spec carries it, so the registry records that very version.
+    parent_model_version_id: Annotated[str, Field(pattern=VERSION_ID_PATTERN)] | None = None
+    """Optional pin of ``parent_model``: the id of the version it must name at admission
+    (a job's spec carries it, so a rerun of the spec sends it back). Admission refuses the
+    job when ``parent_model`` names another version by then (the model deleted and made
+    again, an alias moved), and sets it when it is not given (``data_admission``)."""
 
     @field_validator("gpu_flavor")
     @classmethod
@@ -459,24 +461,28 @@ class JobRequest(BaseModel):
             )
         return self
 
+    @model_validator(mode="after")
+    def _pin_of_a_parent(self) -> JobRequest:
+        if self.parent_model_version_id is not None and self.parent_model is None:
+            raise ValueError(
+                "parent_model_version_id: pins the version of a parent_model, and the job "
+                "names none"
+            )
+        return self
+
     def with_parent_version(self, parent_model: str, version_id: str | None) -> JobRequest:
         """This request with ``parent_model`` as admission resolved it (``team/name:version``)
         and the id of that version, which its spec carries (``to_spec``)."""
-        admitted = self.model_copy(update={"parent_model": parent_model})
-        admitted._parent_model_version_id = version_id
-        return admitted
+        return self.model_copy(
+            update={"parent_model": parent_model, "parent_model_version_id": version_id}
+        )
 
     def to_spec(self, user: str, team: str) -> JobSpec:
         """The wire spec, as submitted by ``user`` of ``team``."""
         fields = self.model_dump(exclude={"team", "api_version", "kind"})
         fields["entrypoint"] = self.entrypoint or ""
         fields["command"] = list(self.command or [])
-        return JobSpec(
-            **fields,
-            user=user,
-            team=team,
-            parent_model_version_id=self._parent_model_version_id,
-        )
+        return JobSpec(**fields, user=user, team=team)
 
 
 RoleName = Literal["viewer", "member", "admin", "operator"]

@@ -262,9 +262,11 @@ async def test_the_spec_carries_the_id_of_the_parent_version_admitted(platform: 
     """Admission resolves ``parent_model`` to a version and puts that version's id in the
     job's spec (``parent_model_version_id``), so the registry records that very version as
     the job's parent, even if the model is deleted and made again under its name before it
-    hears of the job. A caller cannot give the id itself: the body field is unknown (422).
-    Before, the spec carried only ``team/name:version``, which the registry looked up by
-    name when its ``job.submitted`` arrived."""
+    hears of the job. A caller may give the id, as a pin (a rerun sends its stored spec
+    back): the id of the version ``parent_model`` names is admitted, any other is refused
+    with 422 naming the field, and so is one without a ``parent_model``. Before, the spec
+    carried only ``team/name:version``, which the registry looked up by name when its
+    ``job.submitted`` arrived."""
     p = platform
     await model_version(p, p.vision, "base")
     version = await p.registry.get(
@@ -283,3 +285,11 @@ async def test_the_spec_carries_the_id_of_the_parent_version_admitted(platform: 
         p.vision, parent_model=f"{p.vision}/base:1", parent_model_version_id=str(uuid.uuid4())
     )
     assert list(errors(forged)) == ["parent_model_version_id"]
+    assert "is not the id of the version" in errors(forged)["parent_model_version_id"]
+    orphan = await p.submit(p.vision, parent_model_version_id=version.json()["id"])
+    assert list(errors(orphan)) == ["parent_model_version_id"]
+    pinned = await p.submit(
+        p.vision, parent_model=f"{p.vision}/base:1", parent_model_version_id=version.json()["id"]
+    )
+    assert pinned.status_code == 201, pinned.text
+    assert pinned.json()["spec"]["parent_model_version_id"] == version.json()["id"]

@@ -16,13 +16,13 @@ from trainyard.client import TrainyardClient
 JOB = "0b6f3f4e-8a59-4c39-9a43-4f6b2b1f4a11"
 
 
-def test_a_rerun_leaves_out_the_fields_the_platform_sets(
+def test_a_rerun_leaves_out_the_fields_the_platform_sets_and_keeps_the_parent_pinned(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A fine-tuned job's stored spec carries the id of the parent version its admission
-    resolved (``parent_model_version_id``), which no request may give: the rerun names the
-    parent by its reference only, as it leaves out ``user``, ``team`` and ``reproduces``.
-    Sent back, it would make every rerun of a fine-tuned job a 422 naming it."""
+    """A rerun leaves out ``user``, ``team`` and ``reproduces`` (no request may give them)
+    and sends back the id of the parent version the job was admitted with
+    (``parent_model_version_id``), a pin: the rerun fine-tunes from that very version, or
+    its admission refuses it, naming the field."""
     stored = {
         "name": "tuned",
         "user": "alice",
@@ -53,4 +53,5 @@ def test_a_rerun_leaves_out_the_fields_the_platform_sets(
     assert cli.main(["rerun", JOB]) == Exit.ERROR
     (body,) = sent
     assert body["parent_model"] == "vision/base:1"
-    assert not {"user", "team", "reproduces", "parent_model_version_id"} & set(body)
+    assert body["parent_model_version_id"] == "5d1e0c1e-2f1b-4d55-9a43-0c6b2b1f4a11"
+    assert not {"user", "team", "reproduces"} & set(body)

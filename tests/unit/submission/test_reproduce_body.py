@@ -58,11 +58,11 @@ def test_unknown_or_out_of_range_changes_are_refused() -> None:
         ReproduceRequest.model_validate({"seed": -1})
 
 
-def test_a_fine_tuned_job_is_reproduced_from_its_parent_reference_admitted_again() -> None:
+def test_a_fine_tuned_job_is_reproduced_from_the_very_parent_version_it_had() -> None:
     """The original's spec carries the id of the parent version its admission resolved
-    (``parent_model_version_id``), a field no request may give: the reproduction's body
-    names the parent as ``team/name:version`` only, and its own admission puts the id back.
-    Left in, it would make every reproduction of a fine-tuned job a 422 naming it."""
+    (``parent_model_version_id``): the reproduction's body names the parent as
+    ``team/name:version`` pinned to that id, so its own admission refuses it (naming the
+    field) rather than fine-tune from a model made again under the parent's name."""
     tuned = ORIGINAL.model_copy(
         update={
             "parent_model": "vision/base:1",
@@ -71,6 +71,9 @@ def test_a_fine_tuned_job_is_reproduced_from_its_parent_reference_admitted_again
     )
     body = json.loads(reproduction_body(tuned, ReproduceRequest()))
     assert body["parent_model"] == "vision/base:1"
-    assert "parent_model_version_id" not in body
+    assert body["parent_model_version_id"] == "0b6f3f4e-8a59-4c39-9a43-4f6b2b1f4a11"
     spec = parse_job_request(json.dumps(body).encode(), ["cpu"]).to_spec(user="bob", team="vision")
-    assert (spec.parent_model, spec.parent_model_version_id) == ("vision/base:1", None)
+    assert (spec.parent_model, spec.parent_model_version_id) == (
+        "vision/base:1",
+        "0b6f3f4e-8a59-4c39-9a43-4f6b2b1f4a11",
+    )

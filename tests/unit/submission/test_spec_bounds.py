@@ -148,6 +148,18 @@ BOUNDS: list[tuple[str, dict[str, Any], dict[str, Any], str]] = [
         {"parent_model": "t" * 100 + "/" + "m" * 100 + "@" + "a" * 64},
         "parent_model",
     ),
+    (
+        "parent_model_version_id",
+        {
+            "parent_model": "t/m:1",
+            "parent_model_version_id": "0" * 8 + "-0000" * 3 + "-" + "0" * 12,
+        },
+        {
+            "parent_model": "t/m:1",
+            "parent_model_version_id": "0" * 8 + "-0000" * 3 + "-" + "0" * 13,
+        },
+        "parent_model_version_id",
+    ),
 ]
 
 
