@@ -49,9 +49,10 @@ Contract:
   spent, less what its running jobs may still cost beyond that: a job whose allocations
   billing said ``spent`` counts (the state's ``accruing``, up to its ``spent_at``) is
   reserved its worst case from ``spent_at`` on (``max_runtime_seconds`` less the whole
-  seconds it had run by then, never below 0: what it accrued is not counted twice, and the
-  rest costs at most the rates), any other (started after, or a state that does not say
-  them) its whole worst case; less those of
+  seconds it had run by then since its start, ``started_at``, never below 0: what it
+  accrued is not counted twice, and the rest costs at most the rates), any other (granted
+  after, not started yet, or a state that does not say them) its whole worst case; less
+  those of
   the queued jobs before it (by ``order``) that fit, and less what is kept for those before
   it that do not fit but have waited ``ageing_s`` since submission (with ``now``: each keeps
   its room from the jobs after it while what is spent leaves room for it, so none is starved
@@ -363,17 +364,29 @@ class _Parsed:
     def running(self, members: Sequence[Row]) -> Decimal:
         """What a running job (its live allocations, ``members``) is reserved: its worst
         case from when ``spent`` was measured on, when ``spent`` counts what each of its
-        allocations accrued up to then (a whole second it ran before, taken off its
-        ``max_runtime_seconds``, never below 0: what it may still cost, at prices no higher
-        than the rates); else its whole worst case, since it started."""
+        allocations accrued up to then and each had started (a whole second it ran before,
+        from its start, taken off its ``max_runtime_seconds``, never below 0: what it may
+        still cost, at prices no higher than the rates); else its whole worst case.
+
+        Counted from the start (``started_at``), not the grant: the runner's limit runs
+        from the job's process's start, so the time between (pulling its image, restoring
+        its checkpoint) is billed beside a whole ``max_runtime_seconds`` still to run, and
+        a member not started yet may still run all of it. A start said before its grant
+        (a node's clock) counts from the grant."""
         first = members[0]
         seconds = first["max_runtime_seconds"]
-        if self.spent_at is not None and (
-            self.accruing == ALL_RUNNING
-            or all(str(m["allocation_id"]) in self.accruing for m in members)  # a UUID
+        starts = [m.get("started_at") for m in members]
+        if (
+            self.spent_at is not None
+            and all(s is not None for s in starts)
+            and (
+                self.accruing == ALL_RUNNING
+                or all(str(m["allocation_id"]) in self.accruing for m in members)  # a UUID
+            )
         ):
-            # From the latest grant of its gang: the longest it may still run.
-            ran = (self.spent_at - max(m["granted_at"] for m in members)).total_seconds()
+            # From the latest start of its gang: the longest it may still run.
+            began = max(max(s, m["granted_at"]) for s, m in zip(starts, members, strict=True))
+            ran = (self.spent_at - began).total_seconds()
             seconds = max(0, seconds - max(0, int(ran)))
         return worst(self.hourly(first), seconds)
 

@@ -107,7 +107,7 @@ class SnapshotRows:
     """Live allocations with their job: allocation_id, epoch, job_id, queue, gpu_flavor, gpus,
     priority_class, submitted_at, seq,
     max_runtime_seconds, job_status, job_updated_at, node_id, gpu_indices, granted_at,
-    last_checkpoint_at, notice_at, borrowed, preemptions (the job's earlier attempts that
+    started_at (None until the runner says the job started), last_checkpoint_at, notice_at, borrowed, preemptions (the job's earlier attempts that
     ended by preemption), team, project, cpus_per_gpu, memory_gib_per_gpu."""
     queues: Sequence[Row]
     """name, team, cohort, weight, implicit."""

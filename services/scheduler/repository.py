@@ -220,8 +220,8 @@ async def load_snapshot_rows(conn: asyncpg.Connection) -> SnapshotRows:
             "SELECT a.allocation_id, a.epoch, a.job_id, j.queue, j.gpu_flavor, j.gpus, "
             "j.priority_class, j.submitted_at, j.seq, "
             "j.max_runtime_seconds, j.status AS job_status, j.updated_at AS job_updated_at, "
-            "a.node_id, a.gpu_indices, a.granted_at, a.last_checkpoint_at, a.notice_at, "
-            "a.borrowed, (SELECT count(DISTINCT p.attempt) FROM allocations p "
+            "a.node_id, a.gpu_indices, a.granted_at, a.started_at, a.last_checkpoint_at, "
+            "a.notice_at, a.borrowed, (SELECT count(DISTINCT p.attempt) FROM allocations p "
             "WHERE p.job_id = a.job_id AND p.outcome = 'preempted' "
             # Only the policy's own preemptions (it gave a notice): a runner that restarted
             # or drained also ends its jobs 'preempted', which is no thrash to bound, and a

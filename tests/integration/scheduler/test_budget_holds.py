@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from tests.integration.scheduler.conftest import Scheduler, preempted
+from tests.integration.scheduler.test_policy_service import started
 from trainyard_platform.shared.events import Envelope
 from trainyard_platform.shared.events.payloads import (
     AllocationGranted,
@@ -262,6 +263,8 @@ async def test_a_running_job_s_cost_billing_counts_is_not_reserved_again(
     await scheduler.submit("r1", gpus=1, max_runtime_seconds=3600)
     await scheduler.heartbeat("n1", gpus=4)
     (first,) = await scheduler.wait_for(AllocationGranted, lambda g: g.job_id == "r1")
+    # Its runner says it started at once (a job not started yet may still run all its hour).
+    await scheduler.send(started(first).model_copy(update={"started_at": first.granted_at}), "r1")
     measured = room.model_copy(
         update={
             "spent": "1.250000",

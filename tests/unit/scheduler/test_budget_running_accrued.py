@@ -18,9 +18,11 @@ TEAM = {"team": "team-a", "project": "vision"}
 
 
 def runner(job_id: str, ran: timedelta, node: str = "n1", **more: Any) -> dict[str, Any]:
-    """One allocation of a 1-GPU job of an hour (2.50 at worst) granted ``ran`` before NOW."""
-    row = {"gpus": 1, "max_runtime_seconds": 3600, "granted_at": NOW - ran, **TEAM, **more}
-    return member(job_id, node, [0], **row)
+    """One allocation of a 1-GPU job of an hour (2.50 at worst) granted ``ran`` before NOW,
+    and started then (unless ``more`` says otherwise)."""
+    at = NOW - ran
+    row = {"gpus": 1, "max_runtime_seconds": 3600, "granted_at": at, "started_at": at}
+    return member(job_id, node, [0], **{**row, **TEAM, **more})
 
 
 def state(**more: Any) -> dict[str, Any]:
@@ -102,3 +104,32 @@ def test_a_state_of_an_earlier_month_counts_each_job_from_the_month_s_start() ->
     assert reserved_before("a", february, before) == Decimal("1.250000") + Decimal("2.500000")
     # Granted in March: nothing of it was spent at the month's start; whole.
     assert reserved_before("a", february, runner("r1", timedelta(minutes=30))) == Decimal("5")
+
+
+def test_it_counts_from_the_job_s_start_not_its_grant() -> None:
+    # Granted 30 min before NOW, started 10 min later (its image, its checkpoint): the
+    # runner's limit runs from the start, so r1 may run 40 min more, 1.666667 at worst.
+    budget = state(spent_at=NOW, accruing=["r1-n1"])
+    staged = runner("r1", timedelta(minutes=30), started_at=NOW - timedelta(minutes=20))
+    assert reserved_before("a", budget, staged) == Decimal("1.666667")
+
+
+def test_a_job_not_started_yet_is_reserved_whole() -> None:
+    # Billing counts its time since the grant, but all of its max_runtime_seconds may
+    # still run once it starts.
+    budget = state(spent_at=NOW, accruing=["r1-n1"])
+    staging = runner("r1", timedelta(minutes=30), started_at=None)
+    assert reserved_before("a", budget, staging) == Decimal("2.500000")
+    gang = [
+        runner("g1", timedelta(minutes=30), node="n1"),
+        runner("g1", timedelta(minutes=30), node="n2", started_at=None),
+    ]
+    both = state(spent_at=NOW, accruing=["g1-n1", "g1-n2"])
+    assert reserved_before("a", both, *gang) == Decimal("2.500000")
+
+
+def test_a_start_said_before_its_grant_counts_from_the_grant() -> None:
+    # A node whose clock is behind (or lies) says it started an hour before its grant.
+    budget = state(spent_at=NOW, accruing=["r1-n1"])
+    early = runner("r1", timedelta(minutes=30), started_at=NOW - timedelta(minutes=90))
+    assert reserved_before("a", budget, early) == Decimal("3.750000")
