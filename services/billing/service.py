@@ -109,13 +109,23 @@ async def ensure_rollups(database: DatabaseSettings) -> None:
             log.info("cost rollups built from %d ledger entries", folded)
 
 
+async def prepare(pool: asyncpg.Pool, settings: Settings) -> None:
+    """What billing's start does once migrated, before it listens, in this order: the
+    price book seeded (``seed_prices``), the cost rollups rebuilt when stale
+    (``ensure_rollups``), then every budget's state said again (``say_budgets``). The
+    states read what is spent from those rollups: said before the rebuild (rollups stale,
+    or none yet beside a ledger), a spent budget would be said unspent, with a revision
+    every replica keeps, and hold nothing until its next bill or change."""
+    await seed_prices(pool, settings)
+    await ensure_rollups(settings.database)
+    await say_budgets(pool)
+
+
 async def serve(settings: Settings) -> int:
     async with ServiceRuntime(NAME, settings) as rt:
         pool = await rt.open_pool(settings.database, NAME)
         await migrate(pool, NAME, MIGRATIONS)
-        await seed_prices(pool, settings)
-        await say_budgets(pool)
-        await ensure_rollups(settings.database)
+        await prepare(pool, settings)
         bus = await rt.resources.enter_async_context(Bus.connect(settings.nats, NAME))
         rt.add_readiness_check("database", lambda: ping(pool))
         rt.add_readiness_check("nats", bus.ping)

@@ -25,8 +25,9 @@ from trainyard_platform.services.billing import catalogue_repository as catalogu
 from trainyard_platform.services.billing import ledger_repository as ledger_repo
 from trainyard_platform.services.billing.api import create_app
 from trainyard_platform.services.billing.budgets import month_start
+from trainyard_platform.services.billing.config import Settings
 from trainyard_platform.services.billing.handlers import BillingHandlers
-from trainyard_platform.services.billing.service import say_budgets
+from trainyard_platform.services.billing.service import prepare, say_budgets
 from trainyard_platform.shared.access import service_guard
 from trainyard_platform.shared.bus import DEFAULT_MAX_PAYLOAD
 from trainyard_platform.shared.events import Envelope, Payload, parse_envelope
@@ -41,6 +42,7 @@ from trainyard_platform.shared.events.payloads import (
 )
 from trainyard_platform.shared.events.trust import RUNNER, owner
 from trainyard_platform.shared.identity import IdentityClient
+from trainyard_platform.shared.settings import DatabaseSettings
 
 pytestmark = pytest.mark.integration
 
@@ -1117,6 +1119,34 @@ async def test_billing_says_every_budget_again_at_start_with_the_next_revision(
         (None, True),
         ("nlp", True),
     }
+
+
+async def test_budgets_are_said_again_at_start_only_once_stale_rollups_are_rebuilt(
+    pool: asyncpg.Pool, client: httpx.AsyncClient, database_url: str
+) -> None:
+    """What is spent is read from the cost rollups: a start that finds them stale (here as
+    the first start after the ledger's migration finds them, none beside the ledger's
+    entries) rebuilds them before it says any budget again, so a spent budget is said spent,
+    not unspent with a revision every replica keeps."""
+    put = await client.put(
+        "/v1/budgets/ml", json={"amount": "1", "policy": "refuse"}, headers=ML_ADMIN
+    )
+    assert put.status_code == 201, put.text
+    month = month_start(datetime.now(UTC))
+    done = released("done-1", month + timedelta(minutes=1), timedelta(hours=1))  # 5.00
+    await feed(pool, grant_of(done), release_event(done))
+    await pool.execute("DELETE FROM cost_rollups")
+
+    settings = Settings(
+        prices={"cpu": 0.10, "a100": 2.50},
+        currency="USD",
+        admin_token=SecretStr("t"),
+        database=DatabaseSettings(url=database_url),
+    )
+    await prepare(pool, settings)
+
+    *_, said = await _states(pool, "ml")
+    assert (said.exhausted, Decimal(said.spent)) == (True, Decimal(5))
 
 
 async def test_a_book_priced_past_its_bound_before_is_said_so_at_start(
