@@ -402,8 +402,11 @@ def stage_resume(
 
     ``attempt`` (the attempt resuming; None: none is marked): before the download, the
     checkpoint's folder is marked resumed by it (``resumed_mark``), so that an earlier
-    attempt still running (a failover) never deletes it in its end's retention
-    (``apply_retention``); the mark goes again when the checkpoint is refused."""
+    attempt still running (a failover) does not delete it in its end's retention
+    (``apply_retention``); the mark goes again when the checkpoint is refused. Left open: a
+    retention that read the folder just before the mark was written still deletes it,
+    the mark with it (the download is then refused, or the store no longer holds what
+    was restored)."""
     if ref is None:
         return None
     key = committed_key(store, ref)
