@@ -16,7 +16,10 @@ Contract of ``cap`` (what placement gets, the node's *supply*, from what it clai
   one, in the topology it claims.
 - An undeclared node is taken at its word under ``InventoryMode.OPTIONAL`` (the default: the
   zero-configuration local stack) and gets no GPU under ``InventoryMode.REQUIRED``
-  (``undeclared``); it keeps the flavor it claims, which is not added to the flavors for it.
+  (``undeclared``) and no flavor either (``NO_FLAVOR``): a name the node chose is neither
+  a flavor it is counted a node of, were an operator to create that flavor later, nor a
+  label of the scheduler's gauges (a lying node would choose their series). What it
+  claims stays in its ``reported_*`` columns, and the node list shows it.
 - Each capped field comes with a line naming it, what the node claims and what it gets:
   the scheduler logs them when a node's supply is (re)judged, and the inventory's admin view
   shows them.
@@ -35,6 +38,10 @@ from dataclasses import dataclass
 
 UNDECLARED = "undeclared"
 """The capped "field" of a node the inventory does not declare (``InventoryMode.REQUIRED``)."""
+
+NO_FLAVOR = ""
+"""The flavor of a node the inventory does not declare (``InventoryMode.REQUIRED``): no
+flavor's name (a flavor, as a heartbeat's, has at least one character)."""
 
 CAPPED_FIELDS = (UNDECLARED, "gpu_flavor", "gpu_count", "topology")
 """Every reason a node's supply is less than its claim (``trainyard.scheduler.nodes.capped``)."""
@@ -102,7 +109,7 @@ def cap(claim: Claim, declared: Declared | None, mode: InventoryMode) -> Supply:
             f"claims {claim.gpu_count} {claim.gpu_flavor} GPU(s), but the node inventory does "
             "not declare it: no GPU is placed on it until an operator declares it",
         )
-        return Supply(claim.gpu_flavor, 0, claim.topology, (undeclared,))
+        return Supply(NO_FLAVOR, 0, claim.topology, (undeclared,))
     capped: list[Capped] = []
     if claim.gpu_flavor != declared.gpu_flavor:
         count = 0

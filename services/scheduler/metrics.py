@@ -3,7 +3,11 @@
 Every reading is one aggregate query over small tables or partial indexes (waiting jobs,
 nodes, live GPU leases), except the two totals, which count allocations and finished jobs
 by a grouped scan: run every 15 s on one connection, not per scrape. Labels are queues,
-flavors, states and the fields the node inventory caps only (``shared.metrics``: nothing about a tenant beyond counts).
+flavors, states and the fields the node inventory caps only (``shared.metrics``: nothing
+about a tenant beyond counts). A flavor label is a node's flavor, which is a flavor of the
+catalogue (``repository.upsert_node`` registers it): a node the node inventory gives no
+flavor (``inventory.NO_FLAVOR``) is left out of the flavor series, so a name an undeclared
+node chose never becomes a label; nor does a node's id or topology.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ _GPUS = """SELECT n.gpu_flavor AS flavor, n.status, n.cordoned_at IS NOT NULL AS
 FROM nodes n
 LEFT JOIN (SELECT node_id, count(*) AS leased FROM gpu_leases WHERE released_at IS NULL
            GROUP BY node_id) l USING (node_id)
-WHERE n.retired_at IS NULL
+WHERE n.retired_at IS NULL AND n.gpu_flavor <> ''
 GROUP BY n.gpu_flavor, n.status, n.cordoned_at IS NOT NULL"""
 
 GPU_STATES = ("allocated", "idle", "cordoned", "lost")
@@ -40,7 +44,8 @@ counted ``lost`` they kept ``TrainyardGPUsLost`` firing forever."""
 
 _ALLOCATIONS = """SELECT n.gpu_flavor AS flavor, count(a.allocation_id) AS granted,
        count(*) FILTER (WHERE a.outcome = 'preempted' AND a.notice_at IS NOT NULL) AS preempted
-FROM nodes n LEFT JOIN allocations a USING (node_id) GROUP BY n.gpu_flavor"""
+FROM nodes n LEFT JOIN allocations a USING (node_id) WHERE n.gpu_flavor <> ''
+GROUP BY n.gpu_flavor"""
 """Every flavor a node ever had, at 0 until its first allocation (as ``_QUEUES``); retired
 nodes included: these are totals, which must never go down."""
 

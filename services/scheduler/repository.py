@@ -19,7 +19,7 @@ from trainyard_platform.services.scheduler.domain import (
     NodeStatus,
 )
 from trainyard_platform.services.scheduler.inventory import (
-    UNDECLARED,
+    NO_FLAVOR,
     Declared,
     InventoryMode,
     Supply,
@@ -117,10 +117,10 @@ async def upsert_node(
     """Record a heartbeat: the node is READY, claiming ``gpu_flavor``, ``gpu_count`` and
     ``topology``, with ``supply`` (``inventory.cap`` of that claim under ``mode`` by the
     declaration of ``revision``; None: the claim itself, judged by nothing) for placement;
-    the supply's flavor is registered if new, unless the node is undeclared in a mode that
-    requires a declaration. A retired node is an ordinary node again."""
+    the supply's flavor is registered if new (an undeclared node in a mode that requires a
+    declaration has none: ``NO_FLAVOR``). A retired node is an ordinary node again."""
     supply = supply or Supply(gpu_flavor, gpu_count, topology)
-    if UNDECLARED not in supply.capped_fields:
+    if supply.gpu_flavor != NO_FLAVOR:
         await conn.execute(
             "INSERT INTO flavors (name) VALUES ($1) ON CONFLICT DO NOTHING", supply.gpu_flavor
         )
@@ -494,7 +494,8 @@ async def all_nodes(conn: asyncpg.Connection, retired: bool = False) -> list[Row
     """Every node by id, the retired ones only when ``retired``."""
     rows: list[Row] = await conn.fetch(
         "SELECT node_id, hostname, gpu_flavor, gpu_count, topology, status, last_heartbeat, "
-        "cordoned_at, cordon_reason, cordoned_by, cordoned_until, retired_at, capped FROM nodes "
+        "cordoned_at, cordon_reason, cordoned_by, cordoned_until, retired_at, capped, "
+        "reported_flavor, reported_gpu_count, reported_topology FROM nodes "
         "WHERE $1 OR retired_at IS NULL ORDER BY node_id",
         retired,
     )

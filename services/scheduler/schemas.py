@@ -48,10 +48,20 @@ class NodeCordonView(_Schema):
     """None: the node takes new work."""
 
 
+class NodeClaimView(_Schema):
+    """What a node's latest heartbeat claims (``NodeView.reported``)."""
+
+    gpu_flavor: str
+    gpu_count: int
+    topology: str
+
+
 class NodeView(_Schema):
     node_id: str
     hostname: str
     gpu_flavor: str
+    """Empty for a node the node inventory does not declare while it is required: it has no
+    flavor until an operator declares it (what it claims is in ``reported``)."""
     topology: str
     status: str
     gpu_count: int
@@ -68,6 +78,9 @@ class NodeView(_Schema):
     """What the node inventory did not grant of its latest heartbeat's claim (``undeclared``,
     ``gpu_flavor``, ``gpu_count``, ``topology``; ``inventory``): ``gpu_count`` and
     ``gpu_flavor`` above are what it is placed on. Empty: it got what it claims."""
+    reported: NodeClaimView | None = None
+    """What its latest heartbeat claims, when the node inventory capped it; None: it got
+    what it claims."""
 
 
 class AllocationView(_Schema):
@@ -211,6 +224,7 @@ def cordon_view(row: Row) -> CordonView | None:
 def _node(row: Row, used: dict[int, str]) -> NodeView:
     cordon = cordon_view(row)
     ready = row["status"] == "READY" and cordon is None
+    capped = list(row.get("capped") or [])
     return NodeView(
         node_id=row["node_id"],
         hostname=row["hostname"],
@@ -223,7 +237,14 @@ def _node(row: Row, used: dict[int, str]) -> NodeView:
         last_heartbeat=row["last_heartbeat"],
         cordon=cordon,
         retired_at=row.get("retired_at"),
-        capped=list(row.get("capped") or []),
+        capped=capped,
+        reported=NodeClaimView(
+            gpu_flavor=row["reported_flavor"],
+            gpu_count=row["reported_gpu_count"],
+            topology=row["reported_topology"],
+        )
+        if capped
+        else None,
     )
 
 

@@ -172,3 +172,24 @@ async def test_a_declared_node_claiming_another_flavor_gets_nothing_and_an_undec
     await scheduler.heartbeat("n1", gpus=8, flavor="h200", topology="rack-9")
     shown = await listed_node(http, "n1")
     assert (shown["gpu_flavor"], shown["gpu_count"], shown["capped"]) == ("h200", 8, [])
+
+
+async def test_an_undeclared_node_in_a_required_inventory_has_no_flavor_of_its_choosing(
+    scheduler_with: Tuned, http: httpx.AsyncClient
+) -> None:
+    """Before, it kept the flavor it claimed with no GPU: a name the node chose became a
+    label of the GPU gauges, and a node of that flavor once an operator created it."""
+    scheduler = await scheduler_with(node_inventory=InventoryMode.REQUIRED)
+    await scheduler.heartbeat("n1", gpus=8, flavor="chosen-by-n1", topology="rack-9")
+
+    shown = await listed_node(http, "n1")
+    assert (shown["gpu_flavor"], shown["gpu_count"], shown["capped"]) == ("", 0, ["undeclared"])
+    # What it claims stays in sight of operators.
+    assert shown["reported"] == {"gpu_flavor": "chosen-by-n1", "gpu_count": 8, "topology": "rack-9"}
+    for gauge in ("trainyard.scheduler.gpus", "trainyard.scheduler.allocations"):
+        assert not set(await readings(scheduler, gauge)) & {"chosen-by-n1", ""}
+    made = await http.put("/v1/admin/flavors/chosen-by-n1", json={}, headers=AUTH)
+    assert made.status_code == 201, made.text
+    assert (made.json()["nodes"], made.json()["gpus"]) == (0, 0)
+    # Deleting the flavor is not refused for the node's sake either.
+    assert (await http.delete("/v1/admin/flavors/chosen-by-n1", headers=AUTH)).status_code == 204

@@ -8,6 +8,7 @@ import pytest
 
 from trainyard_platform.services.scheduler.inventory import (
     CAPPED_FIELDS,
+    NO_FLAVOR,
     Claim,
     Declared,
     InventoryMode,
@@ -58,7 +59,8 @@ def test_an_undeclared_node_gets_its_word_only_while_the_inventory_is_optional()
     claim = Claim("h200", 8, "rack-1")
     assert cap(claim, None, OPTIONAL) == Supply("h200", 8, "rack-1")
     supply = cap(claim, None, REQUIRED)
-    assert (supply.gpu_flavor, supply.gpu_count, supply.topology) == ("h200", 0, "rack-1")
+    # No flavor either: a name the node chose must not become a flavor's node or a label.
+    assert (supply.gpu_flavor, supply.gpu_count, supply.topology) == (NO_FLAVOR, 0, "rack-1")
     assert supply.capped_fields == ["undeclared"]
     assert "does not declare it" in supply.capped[0].message
 
