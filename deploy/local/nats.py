@@ -81,6 +81,7 @@ from trainyard_platform.shared.events.payloads import (
     JobSubmitted,
     JobSucceeded,
     ModelRegistered,
+    NodeSupplied,
     Payload,
     RunnerHeartbeat,
 )
@@ -161,6 +162,7 @@ _CONSUMES: dict[str, list[str]] = {
         JobCancelled,
         JobPreempted,
         RunnerHeartbeat,
+        NodeSupplied,
     ),
 }
 SERVICE_KINDS = ("submission", "scheduler", "registry", "billing", "runner")

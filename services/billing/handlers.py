@@ -63,6 +63,7 @@ from trainyard_platform.shared.events.payloads import (
     JobPreempted,
     JobSubmitted,
     JobSucceeded,
+    NodeSupplied,
     RunnerHeartbeat,
 )
 from trainyard_platform.shared.events.trust import RUNNER, SCHEDULER
@@ -82,11 +83,13 @@ SUBJECTS = [
     nats_subject(JobCancelled),
     nats_subject(JobPreempted),
     nats_subject(RunnerHeartbeat),
+    nats_subject(NodeSupplied),
 ]
 """What billing's consumer reads: grants (what was announced), releases (what to meter),
 the scheduler's flavor catalogue (which flavors a price may be set for), and the facts of
 waste and success (``services.billing.waste``): submissions, checkpoints, jobs' ends and
-node heartbeats."""
+node heartbeats, with what the scheduler places on each node (``node.supplied``: the GPUs
+counted of a node are those, not its heartbeat's claim)."""
 
 Clock = Callable[[], datetime]
 
@@ -158,6 +161,8 @@ class BillingHandlers:
                 )
             case RunnerHeartbeat() as beat:
                 await waste.record_heartbeat(conn, beat)
+            case NodeSupplied() as supplied:
+                await waste.record_supply(conn, supplied)
             case _:
                 pass
 

@@ -24,6 +24,7 @@ from trainyard_platform.shared.events.payloads import (
     JobPreempted,
     JobSubmitted,
     JobSucceeded,
+    NodeSupplied,
     RunnerHeartbeat,
 )
 
@@ -169,11 +170,33 @@ SELECT EXISTS (
 and holding no allocation then."""
 
 
+async def record_supply(conn: asyncpg.Connection, supplied: NodeSupplied) -> None:
+    """Keep what the scheduler places on the node, unless billing holds a later judgement."""
+    await conn.execute(
+        """INSERT INTO waste_node_supply (node_id, gpu_flavor, gpu_count, judged_at)
+           VALUES ($1, $2, $3, $4)
+           ON CONFLICT (node_id) DO UPDATE
+               SET gpu_flavor = EXCLUDED.gpu_flavor, gpu_count = EXCLUDED.gpu_count,
+                   judged_at = EXCLUDED.judged_at
+               WHERE EXCLUDED.judged_at > waste_node_supply.judged_at""",
+        supplied.node_id,
+        supplied.gpu_flavor,
+        supplied.gpu_count,
+        supplied.judged_at,
+    )
+
+
 async def record_heartbeat(conn: asyncpg.Connection, beat: RunnerHeartbeat) -> bool:
     """Remember the node's heartbeat; when the previous one is at most ``HEARTBEAT_GAP``
     earlier, some of its GPUs were held by none of its running allocations (those granted
     on this node: another node's allocation it names holds none of them) and a job of its
-    flavor was waiting, record the interval between them as unallocated (True)."""
+    flavor was waiting, record the interval between them as unallocated (True).
+
+    The node's GPUs and flavor are what the scheduler places on (``record_supply``: its
+    claim capped by the node inventory), never more GPUs than the heartbeat says: a node's
+    own word would let it inflate the platform's unallocated GPUs. Before billing has
+    heard the scheduler's word on the node, or for a node with no flavor, nothing is
+    counted."""
     previous = await conn.fetchrow(
         "SELECT gpu_flavor, gpu_count, sent_at FROM waste_nodes WHERE node_id = $1 FOR UPDATE",
         beat.node_id,
@@ -198,15 +221,22 @@ async def record_heartbeat(conn: asyncpg.Connection, beat: RunnerHeartbeat) -> b
     )
     if len(held) < len(set(beat.running_allocations)):
         return False  # an allocation billing has not seen granted yet: how many GPUs is unknown
+    supply = await conn.fetchrow(
+        "SELECT gpu_flavor, gpu_count FROM waste_node_supply WHERE node_id = $1", beat.node_id
+    )
+    if supply is None or not supply["gpu_flavor"]:
+        return False  # the scheduler has not said what it places on the node, or it places nothing
+    flavor = supply["gpu_flavor"]
     # Only the node's own allocations hold its GPUs: another node's, named here, holds none.
-    free = beat.gpu_count - sum(r["gpus"] for r in held if r["node_id"] == beat.node_id)
-    if free <= 0 or not await conn.fetchval(_WAITING, beat.gpu_flavor, beat.sent_at):
+    gpus = min(beat.gpu_count, supply["gpu_count"])
+    free = gpus - sum(r["gpus"] for r in held if r["node_id"] == beat.node_id)
+    if free <= 0 or not await conn.fetchval(_WAITING, flavor, beat.sent_at):
         return False
     await conn.execute(
         """INSERT INTO waste_unallocated (node_id, gpu_flavor, free_gpus, started_at, ended_at)
            VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING""",
         beat.node_id,
-        beat.gpu_flavor,
+        flavor,
         free,
         previous["sent_at"],
         beat.sent_at,

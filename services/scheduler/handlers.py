@@ -90,6 +90,7 @@ from trainyard_platform.shared.events.payloads import (
     JobStarted,
     JobSubmitted,
     JobSucceeded,
+    NodeSupplied,
     RunnerHeartbeat,
 )
 from trainyard_platform.shared.telemetry import inject
@@ -277,7 +278,8 @@ class SchedulerHandlers:
     ) -> None:
         """Record the node's heartbeat; a node whose claim, declaration or inventory mode
         changed gets its supply judged again (``inventory.cap``): each field capped is
-        logged as a warning naming the node."""
+        logged as a warning naming the node, and the supply is said (``node.supplied``: what
+        billing counts of the node's GPUs, rather than its claim)."""
         if heartbeat.gpu_count < 0:
             raise Reject(f"gpu_count: must be >= 0, got {heartbeat.gpu_count}")
         report = (heartbeat.hostname, heartbeat.gpu_flavor, heartbeat.gpu_count)
@@ -301,6 +303,13 @@ class SchedulerHandlers:
                 mode=mode,
                 revision=revision,
             )
+            supplied = NodeSupplied(
+                node_id=node_id,
+                gpu_flavor=supply.gpu_flavor,
+                gpu_count=supply.gpu_count,
+                judged_at=now,
+            )
+            await emit(conn, supplied, node_id)
             if self._facts:
                 self._facts.clear()  # the largest node of a flavor may have changed
             for capped in supply.capped:

@@ -754,6 +754,23 @@ class FlavorRetired(Payload):
     retired_at: Instant
 
 
+class NodeSupplied(Payload):
+    """What the scheduler places on a node, said each time it judges the node's heartbeat
+    claim against the node inventory (a new node, a changed claim, declaration or mode):
+    the claim capped by what operators declared (docs/operations.md, "The node inventory").
+    A consumer counting a node's GPUs (billing's unallocated GPUs) reads them here, not in
+    the node's heartbeat, whose word is its own.
+
+    ``gpu_flavor`` is empty for a node with no flavor (undeclared while the inventory is
+    required). ``judged_at`` orders a node's events: a consumer keeps the latest."""
+
+    TYPE = "trainyard.node.supplied.v1"
+    node_id: NodeText
+    gpu_flavor: NodeText
+    gpu_count: Annotated[int, _within(0, MAX_NODE_GPUS)]
+    judged_at: Instant
+
+
 RATE_PATTERN = r"^\d{1,10}(\.\d{1,6})?$"
 MAX_PRICED_FLAVORS = 1000
 
@@ -874,5 +891,11 @@ class BudgetThresholdCrossed(Payload):
     crossed_at: Instant
 
 
-for _model in (FlavorDeclared, FlavorRetired, BudgetUpdated, BudgetThresholdCrossed):
+for _model in (
+    FlavorDeclared,
+    FlavorRetired,
+    NodeSupplied,
+    BudgetUpdated,
+    BudgetThresholdCrossed,
+):
     EVENT_TYPES[_model.TYPE] = _model

@@ -50,6 +50,7 @@ from trainyard_platform.shared.events.payloads import (
     JobSubmitted,
     JobSucceeded,
     ModelRegistered,
+    NodeSupplied,
     Payload,
     RunnerHeartbeat,
 )
@@ -81,6 +82,7 @@ _TABLE: tuple[tuple[type[Payload], str, frozenset[str]], ...] = (
     (CostRecorded, BILLING, frozenset()),
     (FlavorDeclared, SCHEDULER, frozenset()),
     (FlavorRetired, SCHEDULER, frozenset()),
+    (NodeSupplied, SCHEDULER, frozenset()),
     (BudgetUpdated, BILLING, frozenset()),
     (BudgetThresholdCrossed, BILLING, frozenset()),
 )
@@ -174,6 +176,7 @@ _ROUTED_BY_NODE: tuple[type[Payload], ...] = (
     AllocationRevoked,
     RunnerHeartbeat,
     JobMetrics,
+    NodeSupplied,
 )
 RUNNER_NODE_ONLY: tuple[type[Payload], ...] = (RunnerHeartbeat, JobMetrics)
 """What a runner may say only under its own node id (its NATS user's permissions)."""
@@ -200,7 +203,7 @@ def _routed_by(payload: Payload) -> tuple[str, str]:
 
 def routing_key_of(payload: Payload) -> str:
     """The routing key an event of ``payload`` carries (docs/events.md): its node id for a
-    grant, a revocation, a heartbeat or a batch of metric points, the flavor's name for the
+    grant, a revocation, a heartbeat, a batch of metric points or a node's supply, the flavor's name for the
     flavor catalogue's events, the team for a budget's, its job id for every other event."""
     return str(getattr(payload, _routed_by(payload)[0]))
 

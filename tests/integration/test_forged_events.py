@@ -88,6 +88,7 @@ from trainyard_platform.shared.events.payloads import (
     Lineage,
     MetricPoint,
     ModelRegistered,
+    NodeSupplied,
     RunnerHeartbeat,
 )
 from trainyard_platform.shared.events.trust import (
@@ -270,6 +271,9 @@ SAMPLES: dict[type[Payload], Callable[[str, str, str], Payload]] = {
     # Routed by a flavor's name or a team (``trust.routing_key_of``): the job id stands in.
     FlavorDeclared: lambda j, n, a: FlavorDeclared(name=j, revision=10**9, declared_at=T0),
     FlavorRetired: lambda j, n, a: FlavorRetired(name=j, revision=10**9, retired_at=T0),
+    NodeSupplied: lambda j, n, a: NodeSupplied(
+        node_id=n, gpu_flavor="cpu", gpu_count=10**2, judged_at=T0
+    ),
     BudgetUpdated: lambda j, n, a: BudgetUpdated(
         team=j,
         month="2026-12",

@@ -30,6 +30,7 @@ from tests.integration.billing.test_waste import (
     spec,
     submitted,
     succeeded,
+    supplied,
     waste,
     wrap,
 )
@@ -186,6 +187,7 @@ async def test_a_heartbeat_holds_only_its_own_node_s_allocations(
         submitted("k", k, at(80)),
         granted("k-1", "k", k, "n-5", at(80), "ml-q"),
     )
+    await feed(pool, supplied("n-5", at(80)))
     await feed(pool, beat("n-5", at(81), ["k-1", "l-1"]))
     await feed(pool, beat("n-5", at(81 + 1 / 60), ["k-1", "l-1"]))
     free = await pool.fetchval("SELECT free_gpus FROM waste_unallocated WHERE node_id = 'n-5'")

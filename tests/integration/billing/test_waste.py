@@ -11,7 +11,7 @@ Prices: a100 2.50 and cpu 0.10 per GPU-hour. The day (2026-11-02, UTC):
 - ml/bob's job ``h`` (high, 1 cpu, queue ml-q): submitted 12:00, granted 14:00, failed
   for good 15:00 (the scheduler says so).
 - Node n-2 beats at 12:00 and 12:01 (4 free cpu while ``h`` waits), and at 12:03:30 (after
-  a gap too long to say anything).
+  a gap too long to say anything); the scheduler placed on its 8 cpu from 09:00.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from trainyard_platform.shared.events.payloads import (
     JobSpec,
     JobSubmitted,
     JobSucceeded,
+    NodeSupplied,
     RunnerHeartbeat,
 )
 from trainyard_platform.shared.events.trust import RUNNER, SCHEDULER, owner, routing_key_of
@@ -171,12 +172,17 @@ def failed(
     return wrap(report, source)
 
 
-def beat(node: str, when: datetime, running: list[str]) -> Envelope[Payload]:
+def supplied(node: str, when: datetime, gpus: int = 8, flavor: str = "cpu") -> Envelope[Payload]:
+    """The scheduler's word on what it places on ``node`` (its claim capped)."""
+    return wrap(NodeSupplied(node_id=node, gpu_flavor=flavor, gpu_count=gpus, judged_at=when))
+
+
+def beat(node: str, when: datetime, running: list[str], gpus: int = 8) -> Envelope[Payload]:
     payload = RunnerHeartbeat(
         node_id=node,
         hostname=node,
         gpu_flavor="cpu",
-        gpu_count=8,
+        gpu_count=gpus,
         running_allocations=running,
         sent_at=when,
     )
@@ -214,6 +220,7 @@ async def the_day(pool: asyncpg.Pool) -> None:
         granted("j-2", "j", J, "n-1", at(11 + 40 / 60), "ml-q", attempt=2),
         submitted("h", H, at(12)),
     )
+    await feed(pool, supplied("n-2", at(9)))
     await feed(pool, beat("n-2", at(12), ["l-1"]))
     await feed(pool, beat("n-2", at(12 + 1 / 60), ["l-1"]))
     await feed(pool, beat("n-2", at(12 + 3.5 / 60), ["l-1"]))
@@ -470,13 +477,14 @@ async def test_csv(client: httpx.AsyncClient) -> None:
 
 
 async def test_the_facts_arrive_through_the_bus(billing: Billing, pool: asyncpg.Pool) -> None:
-    """Billing's consumer subscribes to what waste needs: submissions, checkpoints, ends and
-    heartbeats travel through the real NATS into its tables."""
+    """Billing's consumer subscribes to what waste needs: submissions, checkpoints, ends,
+    heartbeats and the scheduler's word on nodes travel through the real NATS into its tables."""
     bus: Bus = billing.bus
     events = [
         submitted("bus-j", J, at(30)),
         granted("bus-1", "bus-j", J, "n-9", at(30), "ml-q"),
         succeeded("bus-1", "bus-j", "n-9", at(31), gpu_utilization_mean=50.0),
+        supplied("n-9", at(30)),
         beat("n-9", at(31), []),
     ]
     for envelope in events:
@@ -492,6 +500,7 @@ async def test_the_facts_arrive_through_the_bus(billing: Billing, pool: asyncpg.
         "succeeded"
     )
     assert await pool.fetchval("SELECT sent_at FROM waste_nodes WHERE node_id = 'n-9'") == at(31)
+    assert await pool.fetchval("SELECT gpu_count FROM waste_node_supply WHERE node_id = 'n-9'") == 8
 
 
 async def test_a_name_the_database_cannot_hold_is_refused_naming_it(

@@ -1,0 +1,68 @@
+"""Billing counts a node's unallocated GPUs from what the scheduler places on it
+(``node.supplied``: its heartbeat claim capped by the operators' node inventory), never from
+the node's own word: before, a node whose heartbeat claimed more GPUs than it has inflated
+the platform's unallocated GPUs.
+
+Built on ``test_waste``'s day (its ``client``), with nodes and jobs of their own later that
+month (each test its own hours).
+"""
+
+from __future__ import annotations
+
+import asyncpg
+import httpx
+import pytest
+
+from tests.integration.billing.conftest import feed
+from tests.integration.billing.test_waste import H, at, beat, client, submitted, supplied
+
+pytestmark = pytest.mark.integration
+
+__all__ = ["client"]  # the fixture, with test_waste's day fed
+
+
+async def free_gpus(pool: asyncpg.Pool, node: str) -> list[int]:
+    rows = await pool.fetch("SELECT free_gpus FROM waste_unallocated WHERE node_id = $1", node)
+    return [r["free_gpus"] for r in rows]
+
+
+async def test_a_node_claiming_more_gpus_counts_only_those_placed_on(
+    client: httpx.AsyncClient, pool: asyncpg.Pool
+) -> None:
+    """n-6 claims 64 cpu; the scheduler places on the 8 declared: 8 sat free, not 64."""
+    await feed(pool, submitted("w6", H, at(90)), supplied("n-6", at(90), gpus=8))
+    await feed(pool, beat("n-6", at(91), [], gpus=64))
+    await feed(pool, beat("n-6", at(91 + 1 / 60), [], gpus=64))
+    assert await free_gpus(pool, "n-6") == [8]
+
+
+async def test_a_node_claiming_fewer_gpus_than_placed_on_counts_its_claim(
+    client: httpx.AsyncClient, pool: asyncpg.Pool
+) -> None:
+    """A claim below the scheduler's last word (a GPU gone bad, not judged yet) counts."""
+    await feed(pool, submitted("w7", H, at(92)), supplied("n-7", at(92), gpus=8))
+    await feed(pool, beat("n-7", at(93), [], gpus=3))
+    await feed(pool, beat("n-7", at(93 + 1 / 60), [], gpus=3))
+    assert await free_gpus(pool, "n-7") == [3]
+
+
+async def test_a_node_the_scheduler_places_nothing_on_or_has_not_judged_counts_nothing(
+    client: httpx.AsyncClient, pool: asyncpg.Pool
+) -> None:
+    """n-8 is undeclared while the inventory is required (no flavor, no GPU);
+    n-10: its judgement has not reached billing: neither node's claim counts."""
+    await feed(pool, submitted("w8", H, at(94)), supplied("n-8", at(94), gpus=0, flavor=""))
+    for node in ("n-8", "n-10"):
+        await feed(pool, beat(node, at(95), [], gpus=8))
+        await feed(pool, beat(node, at(95 + 1 / 60), [], gpus=8))
+        assert await free_gpus(pool, node) == []
+
+
+async def test_the_latest_judgement_of_a_node_counts_whatever_order_they_come_in(
+    client: httpx.AsyncClient, pool: asyncpg.Pool
+) -> None:
+    await feed(pool, submitted("w11", H, at(96)))
+    await feed(pool, supplied("n-11", at(96), gpus=2), supplied("n-11", at(95), gpus=8))
+    await feed(pool, beat("n-11", at(97), [], gpus=8))
+    await feed(pool, beat("n-11", at(97 + 1 / 60), [], gpus=8))
+    assert await free_gpus(pool, "n-11") == [2]
