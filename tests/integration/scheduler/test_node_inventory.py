@@ -23,7 +23,7 @@ from tests.integration.scheduler.test_metrics_queries import readings
 from trainyard_platform.services.scheduler.api import create_app
 from trainyard_platform.services.scheduler.inventory import InventoryMode
 from trainyard_platform.shared.access import service_guard
-from trainyard_platform.shared.events.payloads import AllocationGranted, JobPending
+from trainyard_platform.shared.events.payloads import AllocationGranted, JobPending, NodeSupplied
 
 pytestmark = pytest.mark.integration
 
@@ -193,3 +193,31 @@ async def test_an_undeclared_node_in_a_required_inventory_has_no_flavor_of_its_c
     assert (made.json()["nodes"], made.json()["gpus"]) == (0, 0)
     # Deleting the flavor is not refused for the node's sake either.
     assert (await http.delete("/v1/admin/flavors/chosen-by-n1", headers=AUTH)).status_code == 204
+
+
+async def test_the_supply_of_a_node_is_said_each_time_it_is_judged(
+    scheduler_with: Tuned, http: httpx.AsyncClient
+) -> None:
+    """``node.supplied`` says what the scheduler places on a node (billing counts a node's
+    GPUs from it, not from the node's claim): said when the node is judged, not at every
+    heartbeat."""
+    scheduler = await scheduler_with(node_inventory=InventoryMode.REQUIRED)
+    await scheduler.heartbeat("n1", gpus=64)
+    (undeclared,) = await scheduler.wait_for(NodeSupplied)
+    assert (undeclared.node_id, undeclared.gpu_flavor, undeclared.gpu_count) == ("n1", "", 0)
+
+    assert (await http.put("/v1/admin/flavors/cpu", json={}, headers=AUTH)).is_success
+    declared = {"gpu_flavor": "cpu", "gpu_count": 8}
+    made = await http.put("/v1/admin/node-inventory/n1", json=declared, headers=CREATE)
+    assert made.status_code == 201, made.text
+    await scheduler.heartbeat("n1", gpus=64)
+    await scheduler.heartbeat("n1", gpus=64)  # the same claim: judged once
+    said = await scheduler.wait_for(NodeSupplied, count=2)
+    assert [(s.gpu_flavor, s.gpu_count) for s in said] == [("", 0), ("cpu", 8)]
+    assert said[1].judged_at >= said[0].judged_at
+    assert (
+        await scheduler.pool.fetchval(
+            "SELECT count(*) FROM outbox WHERE subject LIKE 'trainyard.node.supplied.v1.%'"
+        )
+        == 2
+    )
