@@ -131,14 +131,15 @@ def _asked(call: Callable[[], Any]) -> Any:
 
 
 def nodes_text(nodes: list[dict[str, Any]]) -> str:
-    """The nodes as a table, by id: GPUs in all (what it is placed on: no more than the node
+    """The nodes as a table, by id: its flavor (``-``: none, undeclared while the node
+    inventory is required), GPUs in all (what it is placed on: no more than the node
     inventory declares), leased and free for new work (none on a lost or cordoned node),
     ``ready``/``cordoned``/``lost``/``retired`` with what the inventory capped of its claim,
     the last heartbeat, and the cordon."""
     rows = [
         (
             node["node_id"],
-            node["gpu_flavor"],
+            node["gpu_flavor"] or "-",  # none: undeclared while the inventory is required
             node["gpu_count"],
             len(node["used_gpus"]),
             len(node["free_gpus"]),

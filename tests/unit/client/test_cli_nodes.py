@@ -245,3 +245,26 @@ def test_without_a_scheduler_url_it_says_how_to_give_one(
         "trainyard login URL --scheduler-url SCHEDULER_URL\n"
     )
     assert scheduler["sent"] == []
+
+
+def test_ls_shows_a_node_with_no_flavor_as_a_dash(
+    scheduler: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An undeclared node while the node inventory is required has no flavor (the scheduler
+    says ``""``); before, its row had an empty column, and its cells read one column off."""
+    undeclared = {
+        **NODES[0],
+        "node_id": "gpu-09",
+        "gpu_flavor": "",
+        "gpu_count": 0,
+        "free_gpus": [],
+        "used_gpus": {},
+        "capped": ["undeclared"],
+        "reported": {"gpu_flavor": "h200", "gpu_count": 8, "topology": "default"},
+    }
+    scheduler["route"] = lambda request: httpx.Response(
+        200, json={"nodes": [undeclared], "allocations": [], "queues": []}
+    )
+    assert cli.main([*BASE, "nodes", "ls"]) == Exit.OK
+    row = capsys.readouterr().out.splitlines()[1]
+    assert row.split()[:7] == ["gpu-09", "-", "0", "0", "0", "ready", "(capped:"]
