@@ -25,7 +25,9 @@ Contract of ``cap`` (what placement gets, the node's *supply*, from what it clai
   shows them.
 - The heartbeat handler judges a node again when its claim, the mode or the declaration
   (its ``revision``) differs from what its supply was judged by (``repository.touch_node``);
-  a change of the inventory applies at the node's next heartbeat.
+  a change of the inventory applies at the node's next heartbeat. Each judgement is said as
+  ``node.supplied`` (``NodeSupplied``): billing counts a node's GPUs from it, not from the
+  node's claim.
 
 The hostname and the rendezvous address a heartbeat says are not capped: neither places nor
 bills work.
