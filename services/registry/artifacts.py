@@ -9,7 +9,8 @@ Contract:
   registry owns, then hashes the *copy*; unless its size and sha256 are what the job
   committed, the copy is deleted and ``ArtifactMismatch`` raised. A checkpoint overwritten
   after it was committed is never registered, and one overwritten after registration does
-  not touch the copy.
+  not touch the copy. A checkpoint no longer in the store (freed by retention since it was
+  committed) raises ``CheckpointGone``, naming it; nothing is copied.
 - ``fetch_verified`` downloads an owned artifact to a private temporary file and hashes it;
   a sha256 or size other than the one registered raises ``ArtifactCorrupt`` (logged at
   ERROR), and the file is removed. Neither reads more of an object than the size it should
@@ -30,6 +31,7 @@ from pathlib import Path
 
 from trainyard_platform.services.registry.names import REGISTRY_PREFIX
 from trainyard_platform.shared.storage import (
+    ObjectNotFound,
     ObjectStore,
     ObjectTooLarge,
     key_in_store,
@@ -46,6 +48,10 @@ class SourceOutsideStore(ValueError):
 
 class ArtifactMismatch(ValueError):
     """The checkpoint's bytes are not the ones its job committed (changed since)."""
+
+
+class CheckpointGone(ValueError):
+    """The checkpoint was committed, but the store no longer holds it (deleted since)."""
 
 
 class ArtifactCorrupt(RuntimeError):
@@ -84,7 +90,13 @@ def digest_file(path: Path) -> Digest:
 
 def copy_verified(store: ObjectStore, src: str, dst: str, expected: Digest) -> Digest:
     """Copy ``src`` to ``dst`` and check the copy against ``expected`` (module docstring)."""
-    store.copy(src, dst)
+    try:
+        store.copy(src, dst)
+    except ObjectNotFound:
+        raise CheckpointGone(
+            f"checkpoint {store.uri_for(src)} is no longer in the object store: it was deleted "
+            "after it was committed (freed by checkpoint retention, or by hand)"
+        ) from None
     try:
         with tempfile.TemporaryDirectory(prefix="registry-copy-") as folder:
             local = Path(folder) / "artifact"

@@ -85,7 +85,11 @@ from trainyard_platform.services.registry import (
 from trainyard_platform.services.registry import repository as repo
 from trainyard_platform.services.registry import reproduction_repository as reproductions
 from trainyard_platform.services.registry import tracking_repository as tracking
-from trainyard_platform.services.registry.artifacts import ArtifactMismatch, SourceOutsideStore
+from trainyard_platform.services.registry.artifacts import (
+    ArtifactMismatch,
+    CheckpointGone,
+    SourceOutsideStore,
+)
 from trainyard_platform.services.registry.domain import (
     NoArtifact,
     Run,
@@ -109,7 +113,7 @@ from trainyard_platform.shared.events.payloads import (
 )
 from trainyard_platform.shared.events.trust import SCHEDULER
 from trainyard_platform.shared.inbox import TransactionalBatchHandler, prepared_batches
-from trainyard_platform.shared.storage import ObjectNotFound, ObjectStore
+from trainyard_platform.shared.storage import ObjectStore
 
 log = logging.getLogger(__name__)
 
@@ -219,7 +223,7 @@ class RegistryHandlers:
         """The copies the successes among ``deliveries`` register, made holding no
         connection (module docstring), by event id. A success that registers nothing as
         committed now (or cannot be judged yet) gets none; a copy that failed for good
-        (``SourceOutsideStore``, ``ArtifactMismatch``, ``ObjectNotFound``) is kept as that
+        (``SourceOutsideStore``, ``ArtifactMismatch``, ``CheckpointGone``) is kept as that
         error. Any other error (the store unreachable) is raised."""
         successes = [
             (d.envelope.id, d.envelope.data)
@@ -242,7 +246,7 @@ class RegistryHandlers:
         for event_id, plan in plans.items():
             try:
                 made: models.Copy | Exception = await models.copy_in(self._store, plan)
-            except (SourceOutsideStore, ArtifactMismatch, ObjectNotFound) as exc:
+            except (SourceOutsideStore, ArtifactMismatch, CheckpointGone) as exc:
                 made = exc
             copies[event_id] = Made(copy_key(plan), made)
         return copies

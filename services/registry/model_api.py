@@ -18,7 +18,9 @@ downloading versions, and aliases.
   (412 after a registration, a deletion of a version, an alias move, or a grant or revoke
   since: everything the deletion removes or changes).
 - ``POST /v1/models/{team}/{name}/versions`` (members): register a committed checkpoint;
-  answers the version as ``GET`` does, with its ``cost``.
+  answers the version as ``GET`` does, with its ``cost``. A checkpoint the store no longer
+  holds (freed by retention since it was committed) is a 409 naming ``checkpoint_uri``, or
+  ``job_id`` when that chose it (its latest).
 - ``DELETE /v1/models/{team}/{name}/versions/{version}`` (members): 409 while an alias
   points at it; else frees its objects and says what it freed. Conditional
   (``shared.http_app.Preconditions``, with the model's row locked) on ``version_tag``, the
@@ -121,6 +123,7 @@ from trainyard_platform.shared.http_app import (
     tagged,
 )
 from trainyard_platform.shared.http_errors import (
+    Conflicting,
     FieldError,
     RequestInvalid,
     parse_body,
@@ -451,7 +454,14 @@ def model_routes(
         # pool) runs holding no connection: as many requests at once as the pool has
         # connections, each holding one while its place waited for another, all waited for
         # one none gave back, and answered 503 when the pool's acquire timeout ended.
-        copied = await models.copy_in(storage(), what, transfer(principal))
+        try:
+            copied = await models.copy_in(storage(), what, transfer(principal))
+        except artifacts.CheckpointGone as exc:
+            field = "job_id" if body.checkpoint_uri is None else "checkpoint_uri"
+            raise Conflicting(
+                f"job {body.job_id!r}: {exc}; register another of its committed checkpoints",
+                field=field,
+            ) from None
         # A copy its transaction did not record is deleted after it, holding no connection.
         unrecorded = models.Unrecorded(storage(), [copied])
         try:

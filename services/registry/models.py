@@ -133,7 +133,7 @@ class Copy:
 async def copy_in(store: ObjectStore, what: Registration, transfer: Transfer | None = None) -> Copy:
     """Copy ``what``'s checkpoint to a new version's own key and verify it (module
     docstring); raises ``artifacts.SourceOutsideStore``, ``artifacts.ArtifactMismatch`` or
-    ``shared.storage.ObjectNotFound`` when it cannot be registered. ``transfer`` runs the
+    ``artifacts.CheckpointGone`` when it cannot be registered. ``transfer`` runs the
     copy (``transfers.Transfers.run`` for a caller's team, which may refuse it); without
     one, ``asyncio.to_thread``. Call it holding no connection of the registry's pool and no
     transaction: it takes as long as the artifact is large, and a ``transfer`` takes its

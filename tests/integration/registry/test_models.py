@@ -667,3 +667,44 @@ async def test_content_answers_head_and_if_none_match_with_the_headers_of_its_ge
         assert got.status_code == head.status_code == 200 and head.content == b""
         assert set(got.headers) - set(head.headers) == {"content-length"}
         assert set(head.headers) <= set(got.headers) and "etag" not in got.headers
+
+
+async def test_a_checkpoint_freed_since_its_commit_is_refused_naming_it(
+    pool: asyncpg.Pool, store: ObjectStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A recorded checkpoint the store no longer holds (freed by retention since it was
+    committed): its registration is a 409 naming the field that chose it, not a 500, and a
+    success registering it logs one line, without a traceback, and is not retried."""
+    job = await job_with_checkpoints(pool, store, [10, 20])
+    store.delete(job.key(20))
+    async with app_as(pool, store, VISION) as client:
+        latest = await register(client, "vision", "digits", job)
+        assert latest.status_code == 409, latest.text
+        assert "no longer in the object store" in latest.json()["detail"]
+        assert job.checkpoints[1].uri in latest.json()["detail"]
+        assert [e["field"] for e in latest.json()["errors"]] == ["job_id"]
+        named = await register(
+            client, "vision", "digits", job, checkpoint_uri=job.checkpoints[1].uri
+        )
+        assert named.status_code == 409, named.text
+        assert [e["field"] for e in named.json()["errors"]] == ["checkpoint_uri"]
+        older = await register(
+            client, "vision", "digits", job, checkpoint_uri=job.checkpoints[0].uri
+        )
+        assert older.status_code == 201, older.text
+    assert len(store.list("registry/")) == 1  # no copy of the freed one left behind
+
+    gone = await job_with_checkpoints(pool, store, [6])
+    store.delete(gone.key(6))
+    caplog.clear()
+    with caplog.at_level(logging.ERROR):
+        # Handled (``apply`` raises otherwise): no retry, no dead letter.
+        await apply(pool, store, gone.id, succeeded(gone.id, f"alloc-{gone.id}", None))
+    errors = [r for r in caplog.records if gone.id in r.getMessage()]
+    assert len(errors) == 1 and errors[0].exc_info is None
+    assert "no longer in the object store" in errors[0].getMessage()
+    async with pool.acquire() as conn:
+        assert (
+            await conn.fetchval("SELECT count(*) FROM model_versions WHERE job_id = $1", gone.id)
+            == 0
+        )
