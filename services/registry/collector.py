@@ -11,7 +11,9 @@ A pass (``StorageCollector.collect_once``):
 2. lists the store's ``jobs/`` and ``registry/`` keys — *before* reading the references, so
    an object written during the pass is either not listed or listed and then looked up;
 3. reads the references (recorded checkpoints, live versions' artifacts and lineage
-   parents, running jobs' resume points) and plans what is deletable;
+   parents, running jobs' resume points and each of their attempts' latest checkpoint, the
+   jobs running) and plans what is deletable (a running job's folders that hold the
+   runner's retention marks stay: ``collector_plan``);
 4. marks each deletable key with when it was first seen deletable (``storage_marks``) and
    drops the marks of keys that are no longer deletable or gone;
 5. reads the references again and deletes only keys deletable in both readings and marked
@@ -240,8 +242,13 @@ class StorageCollector:
                    FROM model_versions WHERE deleted_at IS NULL
                    UNION SELECT r.resumed_from FROM runs r
                    JOIN tracked_jobs t ON t.job_id = r.job_id
-                   WHERE t.status = 'running' AND r.resumed_from IS NOT NULL"""
+                   WHERE t.status = 'running' AND r.resumed_from IS NOT NULL
+                   UNION (SELECT DISTINCT ON (c.allocation_id) c.uri FROM checkpoints c
+                          JOIN tracked_jobs t ON t.job_id = c.job_id
+                          WHERE t.status = 'running'
+                          ORDER BY c.allocation_id, c.step DESC, c.saved_at DESC)"""
             )
+            running = await conn.fetch("SELECT job_id FROM tracked_jobs WHERE status = 'running'")
             owned = await conn.fetch(
                 "SELECT artifact_key FROM model_versions "
                 "WHERE deleted_at IS NULL AND artifact_key IS NOT NULL"
@@ -256,7 +263,9 @@ class StorageCollector:
             key = key_in_store(self._store, row["uri"])
             if key is not None:
                 protected.add(key)
-        return References(recorded=recorded, protected=protected)
+        return References(
+            recorded=recorded, protected=protected, running={r["job_id"] for r in running}
+        )
 
 
 async def _remark(conn: asyncpg.Connection, deletable: Mapping[str, str], now: datetime) -> int:

@@ -12,7 +12,14 @@ Contract of ``plan``:
   checkpoints (highest step, then the latest saved: a running job's latest committed
   checkpoint is always among them), or when ``References.protected`` names an object in it
   (a live model version's artifact or lineage parent, a checkpoint a running job resumed
-  from). A recorded folder beyond that is ``beyond retention``; a folder no
+  from, a running job's latest of each attempt), or when it holds one of the runner's
+  retention marks (``resumed-a<k>``, ``succeeded-a<k>``: docs/architecture.md, "Checkpoint
+  retention") and its job is running in the registry's records (``References.running``):
+  the checkpoint a newer attempt resumes from before its start is heard, and a success's
+  artifact before its success is heard and registered. Once the job has ended (its
+  success registered in the transaction that records the end) its marks count for
+  nothing: every node can write a mark, so a forged one keeps its folder only as long as
+  its job runs. A recorded folder beyond that is ``beyond retention``; a folder no
   ``checkpoint.saved`` recorded is ``unreferenced``.
 - A registry key is kept when it is a live version's artifact (in ``protected``), else
   ``unreferenced`` (a copy whose registration rolled back, a deleted version's leftover).
@@ -31,6 +38,8 @@ from typing import Literal
 Reason = Literal["beyond retention", "unreferenced"]
 
 _CHECKPOINT = re.compile(r"(jobs/[^/]+/checkpoints/[^/]+/).+")
+_MARK = re.compile(r"(jobs/([^/]+)/checkpoints/[^/]+/)(?:resumed|succeeded)-a[0-9]{4,}")
+"""A runner's retention mark (``services/runner/checkpoints.py``): its folder and its job."""
 REGISTRY_PREFIX = "registry/"
 
 
@@ -52,7 +61,11 @@ class References:
     protected: set[str] = field(default_factory=set)
     """Keys that must stay: live versions' artifacts (registry copies, or a job's checkpoint
     for versions registered before copies), their lineage's parent checkpoints, and the
-    checkpoints running jobs resumed from."""
+    checkpoints running jobs resumed from, and each attempt's latest of a running job (what
+    a success of that attempt registers, heard or not)."""
+    running: set[str] = field(default_factory=set)
+    """The jobs started and not ended in the registry's records: their folders' retention
+    marks count."""
 
 
 def checkpoint_folder(key: str) -> str | None:
@@ -65,7 +78,9 @@ def plan(keys: Iterable[str], refs: References, keep: int) -> dict[str, Reason]:
     """Every deletable key of ``keys`` with its reason (module docstring)."""
     if keep < 1:
         raise ValueError(f"a job keeps at least its latest checkpoint, not {keep}")
+    keys = list(keys)
     kept_folders, recorded_folders = _folders(refs, keep)
+    kept_folders |= _marked_running(keys, refs.running)
     deletable: dict[str, Reason] = {}
     for key in keys:
         if key in refs.protected:
@@ -95,6 +110,12 @@ def _folders(refs: References, keep: int) -> tuple[set[str], set[str]]:
         newest = sorted(checkpoints, key=lambda c: (c.step, c.saved_at), reverse=True)
         kept.update(f for f in (checkpoint_folder(c.key) for c in newest[:keep]) if f)
     return kept, recorded
+
+
+def _marked_running(keys: Iterable[str], running: set[str]) -> set[str]:
+    """The folders of ``keys`` holding a retention mark whose job is ``running``."""
+    marks = (_MARK.fullmatch(key) for key in keys)
+    return {m.group(1) for m in marks if m is not None and m.group(2) in running}
 
 
 def deletion_order(keys: Iterable[str]) -> list[str]:

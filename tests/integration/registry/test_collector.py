@@ -30,7 +30,8 @@ from trainyard_platform.services.registry.collector import StorageCollector
 from trainyard_platform.services.registry.service import NAME
 from trainyard_platform.services.registry.uploads import S3Uploads
 from trainyard_platform.shared.db import open_pool
-from trainyard_platform.shared.events.payloads import JobCancelled
+from tests.integration.registry.test_registry import T0, ref, spec, started, succeeded
+from trainyard_platform.shared.events.payloads import CheckpointSaved, JobCancelled
 from trainyard_platform.shared.settings import DatabaseSettings
 from trainyard_platform.shared.storage import ObjectStore, S3Store
 from trainyard_platform.shared.storage.local import LocalStore
@@ -126,6 +127,51 @@ async def test_the_collector_frees_exactly_what_nothing_references(
     assert (third.deleted, third.deletable) == (0, 0)
     async with pool.acquire() as conn:
         assert await conn.fetchval("SELECT count(*) FROM storage_marks") == 0
+
+
+async def test_a_running_jobs_late_success_and_marked_resume_point_outlive_its_retention(
+    pool: asyncpg.Pool, database: DatabaseSettings, store: ObjectStore
+) -> None:
+    """A job whose attempt 0 was declared lost but runs on: attempt 1 (resumed from step 1)
+    gets further, beyond attempt 0's last checkpoint (step 2), and a third attempt's runner
+    marked step 3 resumed before its start is heard. While the job runs, neither leaves:
+    attempt 0's last, what its late success registers (its mark refused by the store: the
+    registry's own records keep it), nor the marked one (the marks in the store). Once the
+    late success is heard and registered (a copy of its own), the job has ended: both go after the grace."""
+    job = (await job_with_checkpoints(pool, store, [])).id
+    for step in (1, 2):
+        await commit_checkpoint(pool, store, job, step)  # attempt 0 (alloc-<job>, epoch 1)
+    second = f"alloc1-{job}"
+    await apply(pool, store, job, started(job, second, 1, spec(), ref(store, job, 1).uri))
+    for step in (3, 4, 5):
+        checkpoint = ref(store, job, step)
+        store.put_bytes(checkpoint.manifest_uri.rpartition(f"{store.root_uri}/")[2], b"{}")
+        saved = CheckpointSaved(
+            job_id=job, allocation_id=second, epoch=2, checkpoint=checkpoint, saved_at=T0
+        )
+        await apply(pool, store, job, saved)
+    resumed_mark = f"jobs/{job}/checkpoints/step-00000003/resumed-a0002"
+    store.put_bytes(resumed_mark, b"")
+    clock = Clock()
+    collector = StorageCollector(pool, database, store, keep=2, grace=GRACE, clock=clock)
+    before = set(store.list("jobs/"))
+    for _ in range(2):
+        await collector.collect_once()
+        clock.now += GRACE * 2
+    assert set(store.list("jobs/")) == before  # step 1: attempt 1 resumed from it
+
+    late = succeeded(job, f"alloc-{job}", ref(store, job, 2))
+    await apply(pool, store, job, late)
+    async with pool.acquire() as conn:
+        step = await conn.fetchval(
+            "SELECT artifact_step FROM model_versions WHERE job_id = $1", job
+        )
+    assert step == 2  # registered from attempt 0's last checkpoint
+    for _ in range(2):
+        await collector.collect_once()
+        clock.now += GRACE * 2
+    # Step 1 stays as the version's lineage parent (attempt 1 resumed from it).
+    assert before - set(store.list("jobs/")) == folder_keys_before(before, job, (2, 3))
 
 
 def folder_keys_before(before: set[str], job_id: str, steps: tuple[int, ...]) -> set[str]:

@@ -91,3 +91,34 @@ def test_manifests_go_first_and_only_marks_older_than_the_cutoff_are_due() -> No
     deletable = dict.fromkeys(keys, "unreferenced")
     assert due(deletable, seen, T0 + timedelta(hours=1)) == [keys[0]]
     assert due(deletable, {}, T0 + timedelta(hours=9)) == []
+
+
+def test_a_running_jobs_marked_folders_stay_beyond_its_retention() -> None:
+    """The runner's retention marks: a folder a newer attempt resumes from (its start not
+    heard yet), and one a success registers from (its success not heard yet), stay while
+    the job runs, however old; once it has ended, the marks count for nothing."""
+    resumed, success = folder("a", 1) + "resumed-a0003", folder("a", 2) + "succeeded-a0001"
+    keys = [k for step in (1, 2, 3, 4) for k in objects("a", step)] + [resumed, success]
+    refs = References(recorded=[recorded("a", s) for s in (1, 2, 3, 4)], running={"a"})
+    assert plan(keys, refs, keep=2) == {}
+
+    ended = References(recorded=refs.recorded)
+    assert plan(keys, ended, keep=2) == {
+        **{k: "beyond retention" for k in objects("a", 1) + objects("a", 2)},
+        resumed: "beyond retention",
+        success: "beyond retention",
+    }
+
+
+def test_a_mark_keeps_only_its_own_folder_of_its_own_running_job() -> None:
+    """A mark anyone could write keeps no other folder, and counts only for a job the
+    registry's records say is running: a forged one keeps its folder no longer than that."""
+    forged = folder("b", 1) + "succeeded-a0000"  # job b ended (or never started here)
+    keys = [*objects("a", 1), *objects("a", 2), *objects("b", 1), forged]
+    keys.append(folder("a", 1) + "succeeded-a0000x")  # not a mark's name
+    refs = References(recorded=[recorded("a", 1), recorded("a", 2)], running={"a"})
+    assert plan(keys, refs, keep=1) == {
+        **{k: "beyond retention" for k in objects("a", 1)},
+        folder("a", 1) + "succeeded-a0000x": "beyond retention",
+        **{k: "unreferenced" for k in [*objects("b", 1), forged]},
+    }
