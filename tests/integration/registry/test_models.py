@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from pathlib import Path
 
 import asyncpg
 import pytest
+import urllib3
 
 from tests.integration.registry.modelkit import (
     ML,
@@ -25,6 +27,7 @@ from tests.integration.registry.test_registry import spec, started, succeeded
 from trainyard_platform.services.registry.model_api import MODELS
 from trainyard_platform.services.registry.models import MAX_ALIASES
 from trainyard_platform.shared.storage import ObjectStore
+from trainyard_platform.shared.storage.local import LocalStore
 
 pytestmark = pytest.mark.integration
 
@@ -708,3 +711,36 @@ async def test_a_checkpoint_freed_since_its_commit_is_refused_naming_it(
             await conn.fetchval("SELECT count(*) FROM model_versions WHERE job_id = $1", gone.id)
             == 0
         )
+
+
+async def test_an_object_store_outage_is_a_503_to_retry_not_an_internal_error(
+    pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    """Registration and download while the store does not answer (what the S3 client raises
+    when its endpoint refuses): 503 with ``Retry-After``, naming the store, no traceback."""
+
+    class Flaky(LocalStore):
+        down = False
+
+        def copy(self, src: str, dst: str) -> None:
+            if self.down:
+                raise urllib3.exceptions.MaxRetryError(None, "/bucket", "connection refused")  # type: ignore[arg-type]
+            super().copy(src, dst)
+
+        def get_file(self, key: str, path: Path, *, max_bytes: int | None = None) -> None:
+            if self.down:
+                raise urllib3.exceptions.MaxRetryError(None, "/bucket", "connection refused")  # type: ignore[arg-type]
+            super().get_file(key, path, max_bytes=max_bytes)
+
+    store = Flaky(tmp_path / "store")
+    job = await job_with_checkpoints(pool, store, [3])
+    async with app_as(pool, store, VISION) as client:
+        assert (await register(client, "vision", "digits", job)).status_code == 201
+        store.down = True
+        for answer in (
+            await register(client, "vision", "digits", job),
+            await client.get("/v1/models/vision/digits/versions/1/content"),
+        ):
+            assert answer.status_code == 503, answer.text
+            assert "object store" in answer.json()["detail"]
+            assert "retry-after" in answer.headers
