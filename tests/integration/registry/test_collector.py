@@ -25,12 +25,12 @@ from tests.integration.registry.modelkit import (
     job_with_checkpoints,
     register,
 )
+from tests.integration.registry.test_registry import T0, ref, spec, started, succeeded
 from trainyard_platform.deploy.local.s3 import S3Server
 from trainyard_platform.services.registry.collector import StorageCollector
 from trainyard_platform.services.registry.service import NAME
 from trainyard_platform.services.registry.uploads import S3Uploads
 from trainyard_platform.shared.db import open_pool
-from tests.integration.registry.test_registry import T0, ref, spec, started, succeeded
 from trainyard_platform.shared.events.payloads import CheckpointSaved, JobCancelled
 from trainyard_platform.shared.settings import DatabaseSettings
 from trainyard_platform.shared.storage import ObjectStore, S3Store
