@@ -12,6 +12,7 @@ from trainyard_platform.services.registry import artifacts
 from trainyard_platform.services.registry.artifacts import (
     ArtifactCorrupt,
     ArtifactMismatch,
+    CheckpointGone,
     Digest,
     SourceOutsideStore,
 )
@@ -62,6 +63,13 @@ def test_a_source_changed_since_its_commit_is_not_copied(store: LocalStore) -> N
     store.put_bytes("jobs/j/c.pt", b"changed since")
     with pytest.raises(ArtifactMismatch, match="changed after it was committed"):
         artifacts.copy_verified(store, "jobs/j/c.pt", "registry/t/m/v/c.pt", digest(b"weights"))
+    assert not store.exists("registry/t/m/v/c.pt")
+
+
+def test_a_source_deleted_since_its_commit_is_gone_by_its_uri(store: LocalStore) -> None:
+    with pytest.raises(CheckpointGone, match="is no longer in the object store") as gone:
+        artifacts.copy_verified(store, "jobs/j/c.pt", "registry/t/m/v/c.pt", digest(b"weights"))
+    assert store.uri_for("jobs/j/c.pt") in str(gone.value)
     assert not store.exists("registry/t/m/v/c.pt")
 
 
