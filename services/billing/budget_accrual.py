@@ -11,8 +11,10 @@ Contract:
   longer what was last said this month (``budget_watch.state_changed``: became exhausted,
   or no longer is). Each budget is checked holding its scope
   (``budgets_repository.try_lock``, as a bill and a change of it do); one held by another
-  transaction at that moment is left to the next pass. Returns how many budgets crossed a
-  threshold.
+  transaction at that moment is left to the next pass. A state that cannot be said (a
+  budget that reserves, under a book past ``MAX_PRICED_FLAVORS``) is logged and left for a
+  later pass (``budget_watch.say_state_or_log``); the pass goes on. Returns how many
+  budgets crossed a threshold.
 - ``BudgetAccrual(pool).run(stop)`` does it every ``interval_s`` until ``stop`` is set; a
   failed pass is logged and the next one tries again.
 """
@@ -65,10 +67,10 @@ async def check_running(pool: asyncpg.Pool, now: datetime) -> int:
             if budget is None:
                 continue
             if await budget_watch.check(conn, budget, [month_start(now)], now):
-                await budget_watch.say_state(conn, budget, now)
+                await budget_watch.say_state_or_log(conn, budget, now)
                 crossed += 1
             elif await budget_watch.state_changed(conn, budget, now):
-                await budget_watch.say_state(conn, budget, now)
+                await budget_watch.say_state_or_log(conn, budget, now)
     return crossed
 
 

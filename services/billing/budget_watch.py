@@ -29,7 +29,13 @@ Contract:
   ``now``). ``reserving(conn, now)`` says again the
   state of every such budget, in a price change's transaction; ``say_again(conn, budgets,
   now)`` says again the state of each of ``budgets`` (at billing's start, every budget, so
-  replicas converge after an upgrade without waiting for a change or a bill).
+  replicas converge after an upgrade without waiting for a change or a bill), the price
+  book read once for all (the rates, and what their running allocations have accrued).
+- Under a book priced past ``MAX_PRICED_FLAVORS`` before the bound, the state of a budget
+  that reserves cannot be said (``BookTooLarge``, raised before anything is said): a change
+  through the API is refused with it (``governance_api``: 409), while a bill and the
+  accrual check say the state with ``say_state_or_log``, which leaves it unsaid and logs
+  why: a bill is never lost (nor dead-lettered) for a state it cannot say.
 - Every transaction that says a budget's state holds the budget's scope
   (``budgets_repository.lock``) from before it reads the budget until it commits: a bill,
   a change or deletion through the API, the accrual check. So states are said in turns,
@@ -56,6 +62,7 @@ from trainyard_platform.services.billing.budgets import (
     reserves,
 )
 from trainyard_platform.services.billing.ledger import LedgerEntry
+from trainyard_platform.services.billing.prices import PriceSchedule
 from trainyard_platform.shared import outbox
 from trainyard_platform.shared.events import Envelope, Payload
 from trainyard_platform.shared.events.payloads import (
@@ -99,7 +106,7 @@ async def after_charges(
         crossed = await check(conn, budget, months, now)
         this_month = month_start(now) in months
         if crossed or lowered or (this_month and await must_say(conn, budget, now)):
-            await say_state(conn, budget, now)
+            await say_state_or_log(conn, budget, now)
 
 
 async def state_changed(conn: asyncpg.Connection, budget: Budget, now: datetime) -> bool:
@@ -139,7 +146,7 @@ async def recheck(
     for team, project in sorted(wanted, key=lambda s: (s[0], s[1] or "")):
         budget = await repo.get(conn, team, project)
         if budget is not None and await state_changed(conn, budget, now):
-            await say_state(conn, budget, now)
+            await say_state_or_log(conn, budget, now)
 
 
 async def check(
@@ -187,14 +194,20 @@ async def say_state(
     now: datetime,
     deleted: bool = False,
     rates_now: Mapping[str, ReservationRates] | None = None,
+    book: PriceSchedule | None = None,
 ) -> Decimal:
     """Say the budget's state this month (module contract); return what is spent.
-    ``rates_now``: ``rates(conn, now)`` read already in this transaction (a caller saying
-    many budgets reads the book once); else they are read here when the budget reserves."""
+    ``rates_now``: ``rates(conn, now)`` read already in this transaction, and ``book``: the
+    price book read in it (a caller saying many budgets reads the book once); else they are
+    read here when needed. ``BookTooLarge`` for a budget that reserves under a book past
+    ``MAX_PRICED_FLAVORS``, before anything is read or said."""
     month = month_start(now)
-    spent, accruing = await repo.spent_accruing(conn, budget, month, now)
-    revision = await repo.next_revision(conn)
     reserved_against = not deleted and reserves(budget)
+    said_rates = None
+    if reserved_against:
+        said_rates = dict(rates_now) if rates_now is not None else await rates(conn, now, book)
+    spent, accruing = await repo.spent_accruing(conn, budget, month, now, book)
+    revision = await repo.next_revision(conn)
     state = BudgetUpdated(
         team=budget.team,
         project=budget.project,
@@ -207,13 +220,7 @@ async def say_state(
         deleted=deleted,
         revision=revision,
         on_exhausted=budget.on_exhausted,
-        rates=(
-            None
-            if deleted or not reserves(budget)
-            else dict(rates_now)
-            if rates_now is not None
-            else await rates(conn, now)
-        ),
+        rates=said_rates,
         spent_at=None if deleted else now,
         # What the scheduler needs to reserve a running job only its worst case after
         # ``now``; past ``MAX_ACCRUING`` it reserves each whole (said None).
@@ -225,20 +232,40 @@ async def say_state(
     return spent
 
 
-async def rates(conn: asyncpg.Connection, now: datetime) -> dict[str, ReservationRates]:
-    """What the scheduler reserves a job of each priced flavor at (``ReservationRates``):
-    the highest GPU, CPU and memory prices per hour from ``now`` on. ``BookTooLarge`` when
-    there are more than ``MAX_PRICED_FLAVORS`` (a book priced past them before the price
-    API and the settings bounded it): no state can say them."""
-    highest = (await catalogue.schedule(conn)).highest_from(now)
-    if len(highest) > MAX_PRICED_FLAVORS:
-        raise BookTooLarge(
-            f"the price book has {len(highest)} flavors with a GPU price, more than the "
-            f"{MAX_PRICED_FLAVORS} a budget's rates can say: the state of a budget that "
-            "reserves (policy refuse, or on_exhausted stop) cannot be said until flavors "
-            "are taken out of billing's tables prices and resource_prices, or the budget "
-            "reserves no more"
+async def say_state_or_log(conn: asyncpg.Connection, budget: Budget, now: datetime) -> bool:
+    """``say_state``, for a bill or the accrual check, which must not fail for a state that
+    cannot be said: under a book priced past ``MAX_PRICED_FLAVORS`` (``BookTooLarge``) the
+    budget is left unsaid, logged at error level with what to do, and the rest of the
+    transaction (the bill, its thresholds crossed) commits. A bill lost would be worse than
+    a state not said: the budget is not marked said, so its next bill (or the accrual
+    check) says it again once the book is within its bound. True when it was said."""
+    try:
+        await say_state(conn, budget, now)
+    except BookTooLarge as exc:
+        log.error(
+            "budget of %s%s: state not said: %s; its bills are kept, and it is said at its "
+            "next bill or check once the book is within its bound",
+            budget.team,
+            f"/{budget.project}" if budget.project else "",
+            exc,
         )
+        return False
+    return True
+
+
+async def rates(
+    conn: asyncpg.Connection, now: datetime, book: PriceSchedule | None = None
+) -> dict[str, ReservationRates]:
+    """What the scheduler reserves a job of each priced flavor at (``ReservationRates``):
+    the highest GPU, CPU and memory prices per hour from ``now`` on, by ``book`` (read here
+    when None). ``BookTooLarge`` when there are more than ``MAX_PRICED_FLAVORS`` (a book
+    priced past them before the price API and the settings bounded it): no state can say
+    them."""
+    if book is None:
+        book = await catalogue.schedule(conn)
+    highest = book.highest_from(now)
+    if len(highest) > MAX_PRICED_FLAVORS:
+        raise BookTooLarge(len(highest))
     return {
         flavor: ReservationRates(
             gpu_hour=_text(gpu), cpu_hour=_text(cpu), memory_gib_hour=_text(mem)
@@ -248,7 +275,18 @@ async def rates(conn: asyncpg.Connection, now: datetime) -> dict[str, Reservatio
 
 
 class BookTooLarge(ValueError):
-    """The price book has more flavors than a budget's ``rates`` can say (``rates``)."""
+    """The price book has more flavors (``flavors``) than a budget's ``rates`` can say
+    (``rates``); the message says so and what to do."""
+
+    def __init__(self, flavors: int) -> None:
+        super().__init__(
+            f"the price book has {flavors} flavors with a GPU price, more than the "
+            f"{MAX_PRICED_FLAVORS} a budget's rates can say: the state of a budget that "
+            "reserves (policy refuse, or on_exhausted stop) cannot be said until flavors "
+            "are taken out of billing's tables prices and resource_prices, or the budget "
+            "reserves no more"
+        )
+        self.flavors = flavors
 
 
 _MICRO = Decimal("0.000001")
@@ -278,13 +316,15 @@ async def say_again(conn: asyncpg.Connection, budgets: Sequence[Budget], now: da
     if not budgets:
         return 0
     await repo.lock(conn, [(b.team, b.project) for b in budgets])
-    # One book for all, read once, not once per budget (and not at all when none reserves).
-    said = await rates(conn, now) if any(reserves(b) for b in budgets) else None
+    # One book for all, read once (one snapshot), not once per budget: for the rates, and
+    # for what each budget's running allocations have accrued.
+    book = await catalogue.schedule(conn)
+    said = await rates(conn, now, book) if any(reserves(b) for b in budgets) else None
     count = 0
     for budget in budgets:
         current = await repo.get(conn, budget.team, budget.project)
         if current is not None:
-            await say_state(conn, current, now, rates_now=said)
+            await say_state(conn, current, now, rates_now=said, book=book)
             count += 1
     return count
 

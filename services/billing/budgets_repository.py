@@ -13,6 +13,7 @@ import asyncpg
 from trainyard_platform.services.billing import catalogue_repository as catalogue
 from trainyard_platform.services.billing.budgets import Budget, next_month
 from trainyard_platform.services.billing.domain import UnknownFlavor
+from trainyard_platform.services.billing.prices import PriceSchedule
 from trainyard_platform.services.billing.waste_rollups import OWN_REPORT
 
 Row = Mapping[str, Any]
@@ -150,11 +151,17 @@ async def spent(
 
 
 async def spent_accruing(
-    conn: asyncpg.Connection, budget: Budget, month: datetime, now: datetime
+    conn: asyncpg.Connection,
+    budget: Budget,
+    month: datetime,
+    now: datetime,
+    book: PriceSchedule | None = None,
 ) -> tuple[Decimal, list[str]]:
     """``spent``, and the allocations (ids, sorted) whose accrued cost is part of it: each
     still running and priced, its cost from its grant (or the month's start) up to ``now``
-    counted (``budget.updated``'s ``accruing``)."""
+    counted (``budget.updated``'s ``accruing``). ``book``: the price book read already in
+    this transaction (a caller saying many budgets reads it once); else it is read here
+    when an allocation is running."""
     value = await conn.fetchval(
         "SELECT COALESCE(sum(cost), 0) FROM cost_rollups WHERE granularity = 'month' "
         "AND bucket = $1 AND team = $2 AND ($3::text IS NULL OR project = $3) "
@@ -164,7 +171,7 @@ async def spent_accruing(
         budget.project,
         budget.currency,
     )
-    total, ids = await _accrual(conn, budget, month, now)
+    total, ids = await _accrual(conn, budget, month, now, book)
     return Decimal(value) + total, ids
 
 
@@ -180,10 +187,15 @@ async def accrued(
 
 
 async def _accrual(
-    conn: asyncpg.Connection, budget: Budget, month: datetime, now: datetime
+    conn: asyncpg.Connection,
+    budget: Budget,
+    month: datetime,
+    now: datetime,
+    book: PriceSchedule | None = None,
 ) -> tuple[Decimal, list[str]]:
     """``accrued``, and the allocations whose cost it counts whole (sorted ids: none of a
-    flavor without a price, nor one priced in part in another currency)."""
+    flavor without a price, nor one priced in part in another currency), priced by
+    ``book`` (read here when None and an allocation is running)."""
     end = min(now, next_month(month))
     if end <= month:
         return Decimal(0), []
@@ -201,7 +213,8 @@ async def _accrual(
     )
     if not rows:
         return Decimal(0), []
-    book = await catalogue.schedule(conn)
+    if book is None:
+        book = await catalogue.schedule(conn)
     total = Decimal(0)
     ids = []
     for r in rows:

@@ -21,7 +21,9 @@
   (the settings' bootstrap); else 422 naming ``flavor``. The book holds at most
   ``MAX_PRICED_FLAVORS`` flavors with a GPU price (each budget that reserves says the
   rates of every one in its ``budget.updated``): a new flavor's first GPU price past them
-  is 422 naming ``flavor``.
+  is 422 naming ``flavor``; any price set while a budget reserves, under a book priced
+  past them before the bound (``budget_watch.BookTooLarge``), is 409 naming ``flavor``,
+  the book's size and what to do, and nothing is kept.
 - ``POST /v1/costs/estimate`` (any user): what a job spec costs at most, from its GPUs,
   flavor, maximum runtime and restarts and the prices in force (422 naming ``gpu_flavor``
   when it has no price).
@@ -41,7 +43,10 @@
   there is: a ``PUT`` only creates), ``If-Match: *`` only when there is one (412 for a
   ``PUT`` when there is none; a ``PATCH`` or ``DELETE`` of none is 404 as ever). A change
   says the budget's state (``budget.updated``) and any threshold the month's spending has
-  reached already (``budget.threshold_crossed``), through the outbox.
+  reached already (``budget.threshold_crossed``), through the outbox; a budget that
+  reserves under a book past ``MAX_PRICED_FLAVORS`` (``budget_watch.BookTooLarge``) cannot
+  be said: its ``PUT`` or ``PATCH`` is 409 naming ``policy``, the book's size and what to
+  do, and nothing is kept.
 """
 
 from __future__ import annotations
@@ -100,6 +105,7 @@ from trainyard_platform.shared.http_app import (
     tagged,
 )
 from trainyard_platform.shared.http_errors import (
+    Conflicting,
     RequestInvalid,
     parse_body,
     read_json_body,
@@ -141,7 +147,7 @@ async def _room_for_a_flavor(conn: asyncpg.Connection, flavor: str) -> None:
     """Refuse the first GPU price of ``flavor`` (422 naming ``flavor``) when the book has
     ``MAX_PRICED_FLAVORS`` flavors priced already: every budget that reserves says the rates
     of each in its ``budget.updated``, which holds no more (nor would the bus carry many
-    more), so one more would leave every such budget unsaid and its bills failing."""
+    more), so one more would leave every such budget unsaid (``budget_watch.BookTooLarge``)."""
     await catalogue.lock_new_flavors(conn)
     if await catalogue.priced_flavors(conn) >= MAX_PRICED_FLAVORS:
         raise RequestInvalid.one(
@@ -150,6 +156,14 @@ async def _room_for_a_flavor(conn: asyncpg.Connection, flavor: str) -> None:
             "priced already, the most it holds (each budget that reserves says the rates of "
             "every one in one event)",
         )
+
+
+def _book_too_large(exc: budget_watch.BookTooLarge, field: str) -> Conflicting:
+    """The 409 of a change whose budget state cannot be said (a budget that reserves, under
+    a book priced past ``MAX_PRICED_FLAVORS`` before the bound): naming ``field`` (a
+    budget's ``policy``, which may reserve no more; a price's ``flavor``), the book's size
+    and what to do. The transaction is rolled back: nothing of the change is kept."""
+    return Conflicting(f"{field}: {exc}", field=field, message=str(exc))
 
 
 def price_tag(rows: list[Any]) -> str | None:
@@ -269,7 +283,7 @@ def governance_routes(
         operation_class=json_request_body(PriceRequest, example={"price_per_gpu_hour": "2.75"}),
         responses={
             201: ResponseSpec(PriceView, description="created", generate_examples=False),
-            **error_responses(412, 413, 415, 422),
+            **error_responses(409, 412, 413, 415, 422),
         },
     )
     async def put_price(
@@ -343,7 +357,10 @@ def governance_routes(
             await audit.record(conn, principal, "put price", flavor, detail)
             # The scheduler reserves jobs at the book's highest prices from now on: each
             # budget it reserves against is said again with the changed book.
-            await budget_watch.reserving(conn, now)
+            try:
+                await budget_watch.reserving(conn, now)
+            except budget_watch.BookTooLarge as exc:
+                raise _book_too_large(exc, "flavor") from None
             tag = price_tag(await catalogue.price_book_page(conn, flavor, now, None, None))
         view = PriceView(
             flavor=flavor,
@@ -457,7 +474,10 @@ def governance_routes(
         )
         created = await budgets_repo.put(conn, budget)
         await budget_watch.check(conn, budget, [month_start(now)], now)
-        spent = await budget_watch.say_state(conn, budget, now)
+        try:
+            spent = await budget_watch.say_state(conn, budget, now)
+        except budget_watch.BookTooLarge as exc:
+            raise _book_too_large(exc, "policy") from None
         return budget_view(budget, spent, now), created, budget_tag(budget) or ""
 
     async def _put(
@@ -526,9 +546,9 @@ def governance_routes(
 
     put_responses = {
         201: ResponseSpec(BudgetView, description="created", generate_examples=False),
-        **error_responses(404, 412, 413, 415, 422),
+        **error_responses(404, 409, 412, 413, 415, 422),
     }
-    patch_responses = error_responses(404, 412, 413, 415)
+    patch_responses = error_responses(404, 409, 412, 413, 415)
     delete_responses = error_responses(404, 412)
     example = {"amount": "1000", "thresholds": [50, 80, 100], "policy": "warn"}
 

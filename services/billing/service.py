@@ -14,6 +14,7 @@ from trainyard_platform.services.billing import catalogue_repository as catalogu
 from trainyard_platform.services.billing import ledger_repository as ledger
 from trainyard_platform.services.billing.api import create_app
 from trainyard_platform.services.billing.budget_accrual import BudgetAccrual
+from trainyard_platform.services.billing.budgets import Budget
 from trainyard_platform.services.billing.config import Settings
 from trainyard_platform.services.billing.domain import PriceBook
 from trainyard_platform.services.billing.handlers import SUBJECTS, BillingHandlers
@@ -70,17 +71,21 @@ async def say_budgets(pool: asyncpg.Pool, batch: int = SAY_AT_START_BATCH) -> No
     locks, and bills wait for one batch at most): a replica's rows kept before it gained a
     field (submission's and the scheduler's ``rates``) hold it once the outbox relays these,
     with no bill or change needed. Each is said with the next revision, so no replica drops
-    it as old. A book priced past ``MAX_PRICED_FLAVORS`` (before it was bounded) is logged
-    at error level, naming what to do, and the start goes on."""
+    it as old. A batch with a budget that reserves under a book priced past
+    ``MAX_PRICED_FLAVORS`` (before it was bounded) is rolled back whole, none of its budgets
+    said, and logged at error level with their number and what to do; the start goes on
+    (bills are kept whatever the book: ``budget_watch.say_state_or_log``)."""
     said, after = 0, None
     while True:
-        async with pool.acquire() as conn, conn.transaction():
-            page = await budgets_repo.of_teams(conn, None, limit=batch, after=after)
+        async with pool.acquire() as conn:
+            page: list[Budget] = []
             try:
-                said += await budget_watch.say_again(conn, page, datetime.now(UTC))
+                async with conn.transaction():
+                    page = await budgets_repo.of_teams(conn, None, limit=batch, after=after)
+                    said += await budget_watch.say_again(conn, page, datetime.now(UTC))
             except budget_watch.BookTooLarge as exc:
-                # Billing still starts (bills of teams without such a budget go on), loudly;
-                # the budgets of this batch are not said again.
+                # Raised out of the transaction, which rolls back every state the batch
+                # said before it: the count logged is exact.
                 log.error("budgets: %d not said again at start: %s", len(page), exc)
         if len(page) < batch:
             break

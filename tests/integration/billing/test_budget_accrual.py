@@ -19,6 +19,7 @@ from trainyard_platform.services.billing.budget_watch import say_state
 from trainyard_platform.services.billing.budgets import Budget, month_start
 from trainyard_platform.shared.events import parse_envelope
 from trainyard_platform.shared.events.payloads import (
+    MAX_PRICED_FLAVORS,
     AllocationReleased,
     BudgetThresholdCrossed,
     BudgetUpdated,
@@ -160,3 +161,37 @@ async def test_accrual_reads_one_price_book_whatever_change_commits_meanwhile(
         accrued = await repo.accrued(reader, b, month_start(NOW), NOW)  # type: ignore[arg-type]
         assert reader.changed
         assert accrued in (Decimal("5.8"), Decimal("16.9")), accrued
+
+
+async def test_a_book_past_its_bound_leaves_a_reserving_budget_unsaid_not_the_check_failed(
+    pool: asyncpg.Pool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Under a book priced past ``MAX_PRICED_FLAVORS`` before the bound, the state of a
+    budget that reserves cannot say its rates: the check still records and says its
+    thresholds, says every other budget, and logs the one it could not say, rather than
+    fail the pass (and every pass after it) for all."""
+    await budget(pool, "ml", None, "4")  # refuse: reserves
+    warns = Budget("vision", None, Decimal(4), "USD", (50, 100), "warn", 1, "op", NOW)
+    async with pool.acquire() as conn:
+        await repo.put(conn, warns)
+    have = await pool.fetchval("SELECT count(DISTINCT flavor) FROM prices")
+    await pool.executemany(
+        "INSERT INTO prices (flavor, effective_from, price_per_gpu_hour, currency, set_by, "
+        "recorded_at) VALUES ($1, '1970-01-01Z', 1, 'USD', 'test', now())",
+        [(f"f{i}",) for i in range(MAX_PRICED_FLAVORS + 1 - have)],
+    )
+    await feed(pool, grant_of(running("r5", "ml", NOW - timedelta(hours=1))))
+    await feed(pool, grant_of(running("r6", "vision", NOW - timedelta(hours=1))))
+
+    assert await check_running(pool, NOW) == 2
+
+    events = await said(pool)
+    crossed = [
+        (e.team, e.threshold_percent) for e in events if isinstance(e, BudgetThresholdCrossed)
+    ]
+    assert sorted(crossed) == [("ml", 50), ("ml", 100), ("vision", 50), ("vision", 100)]
+    assert [e.team for e in events if isinstance(e, BudgetUpdated)] == ["vision"]
+    (logged,) = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert logged.startswith(
+        f"budget of ml: state not said: the price book has {MAX_PRICED_FLAVORS + 1} flavors"
+    )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -1173,6 +1174,145 @@ async def test_a_book_priced_past_its_bound_before_is_said_so_at_start(
         f"budgets: 1 not said again at start: the price book has {MAX_PRICED_FLAVORS + 1} "
         f"flavors with a GPU price, more than the {MAX_PRICED_FLAVORS}"
     )
+
+
+async def test_a_batch_that_cannot_say_a_budget_at_start_says_none_of_its_budgets(
+    pool: asyncpg.Pool,
+    client: httpx.AsyncClient,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A batch of ``say_budgets`` is one transaction: when a budget of it cannot be said
+    (one that reserves, under a book past its bound: here read reserving only under its
+    scope, as one changed since its page was read), the batch is rolled back, so the
+    error's count of budgets not said is exact: none of them, not those before it."""
+    for path, body in (
+        ("/v1/budgets/ml", {"amount": "1000"}),
+        ("/v1/budgets/ml/nlp", {"amount": "1000", "policy": "refuse"}),
+    ):
+        put = await client.put(path, json=body, headers=ML_ADMIN)
+        assert put.status_code == 201, put.text
+    await _fill_book(pool, MAX_PRICED_FLAVORS + 1)
+    listed = budgets_repo.of_teams
+
+    async def read_before_the_change(*args: Any, **kwargs: Any) -> list[Any]:
+        return [replace(b, policy="warn") for b in await listed(*args, **kwargs)]
+
+    monkeypatch.setattr(budgets_repo, "of_teams", read_before_the_change)
+    before = await _states(pool, "ml")
+    await say_budgets(pool, batch=2)
+
+    assert await _states(pool, "ml") == before
+    logged = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert [m.split(": the price book")[0] for m in logged] == [
+        "budgets: 2 not said again at start"
+    ]
+
+
+async def test_a_book_priced_past_its_bound_refuses_a_change_with_409_naming_why(
+    pool: asyncpg.Pool, client: httpx.AsyncClient
+) -> None:
+    """Under such a book, a change that would say a budget's rates (a budget created or
+    changed to reserve, a price set while a budget reserves) is refused with 409 naming the
+    field and what to do, not a 500; nothing of it is kept. A budget that reserves nothing
+    is still written."""
+    put = await client.put(
+        "/v1/budgets/ml", json={"amount": "1000", "policy": "refuse"}, headers=ML_ADMIN
+    )
+    assert put.status_code == 201, put.text
+    await _fill_book(pool, MAX_PRICED_FLAVORS + 1)
+    too_many = f"the price book has {MAX_PRICED_FLAVORS + 1} flavors with a GPU price"
+
+    for method, path, body, headers, field in (
+        ("PUT", "/v1/budgets/ml/nlp", {"amount": "10", "on_exhausted": "stop"}, ML_ADMIN, "policy"),
+        ("PATCH", "/v1/budgets/ml", {"amount": "5"}, ML_ADMIN, "policy"),
+        ("PUT", "/v1/prices/a100", {"price_per_gpu_hour": "3"}, OPERATOR, "flavor"),
+    ):
+        refused = await client.request(method, path, json=body, headers=headers)
+        assert refused.status_code == 409, refused.text
+        (error,) = refused.json()["errors"]
+        assert error["field"] == field and too_many in error["message"], error
+    assert await budgets_repo.get(pool, "ml", "nlp") is None  # type: ignore[arg-type]
+    ml = await budgets_repo.get(pool, "ml", None)  # type: ignore[arg-type]
+    assert ml is not None and ml.amount == Decimal(1000)
+    assert [p["price_per_gpu_hour"] for p in await catalogue.price_rows(pool, "a100")] == [  # type: ignore[arg-type]
+        Decimal("2.5")
+    ]
+    warns = await client.put("/v1/budgets/vision", json={"amount": "10"}, headers=OPERATOR_USER)
+    assert warns.status_code == 201, warns.text
+
+
+async def test_a_bill_under_a_book_past_its_bound_is_kept_and_the_state_left_unsaid(
+    pool: asyncpg.Pool, client: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bill is never lost for a state that cannot be said: under a book priced past
+    ``MAX_PRICED_FLAVORS``, the bill of a team whose budget reserves commits (ledger, cost,
+    thresholds crossed), its budget's state is not said, and an error says why and what
+    to do; the next bill tries again."""
+    put = await client.put(
+        "/v1/budgets/ml", json={"amount": "1", "policy": "refuse"}, headers=ML_ADMIN
+    )
+    assert put.status_code == 201, put.text
+    await _fill_book(pool, MAX_PRICED_FLAVORS + 1)
+    month = month_start(datetime.now(UTC))
+    done = released("done-1", month + timedelta(minutes=1), timedelta(hours=1))  # 5.00
+
+    await feed(pool, grant_of(done), release_event(done))
+
+    assert await pool.fetchval("SELECT cost FROM usage_ledger WHERE allocation_id = 'done-1'")
+    assert len(await _states(pool, "ml")) == 1  # only the one its creation said
+    crossed = await pool.fetch("SELECT threshold_percent FROM budget_crossings WHERE team = 'ml'")
+    assert sorted(r["threshold_percent"] for r in crossed) == [50, 80, 100]
+    (logged,) = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert logged.startswith(
+        f"budget of ml: state not said: the price book has {MAX_PRICED_FLAVORS + 1} flavors"
+    )
+
+
+async def test_billing_reads_the_book_once_per_batch_when_it_says_budgets_again_at_start(
+    pool: asyncpg.Pool, client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What running allocations have accrued is priced by the book: saying every budget
+    again at start reads it once per batch (one transaction, one snapshot), for the rates
+    and every budget's accrual alike, not once more per budget with a running allocation,
+    and says the same figures as a budget read alone."""
+    for path, body, headers in (
+        ("/v1/budgets/ml", {"amount": "1000", "policy": "refuse"}, ML_ADMIN),
+        ("/v1/budgets/ml/nlp", {"amount": "50"}, ML_ADMIN),
+        ("/v1/budgets/vision", {"amount": "1000"}, OPERATOR_USER),
+    ):
+        put = await client.put(path, json=body, headers=headers)
+        assert put.status_code == 201, put.text
+    month = month_start(datetime.now(UTC))
+    ml = released("run-1", month + timedelta(minutes=1), timedelta(hours=1))
+    nlp = released("run-2", month + timedelta(minutes=2), timedelta(hours=1))
+    vision = released("run-3", month + timedelta(minutes=3), timedelta(hours=1), team="vision")
+    await feed(pool, grant_of(ml), grant_of(nlp, project="nlp"), grant_of(vision))
+    reads = 0
+    whole_book = catalogue.schedule
+
+    async def counted(conn: asyncpg.Connection, flavor: str | None = None) -> Any:
+        nonlocal reads
+        reads += 1
+        return await whole_book(conn, flavor)
+
+    monkeypatch.setattr(catalogue, "schedule", counted)
+    highest = max(s.revision for s in await _states(pool, "ml") + await _states(pool, "vision"))
+
+    await say_budgets(pool, batch=2)  # (ml, ml/nlp), then (vision): two transactions
+
+    assert reads == 2
+    said = [s for s in await _states(pool, "ml") + await _states(pool, "vision")]
+    said = [s for s in said if s.revision > highest]
+    assert len(said) == 3
+    monkeypatch.setattr(catalogue, "schedule", whole_book)
+    async with pool.acquire() as conn:
+        for state in said:
+            budget = await budgets_repo.get(conn, state.team, state.project)
+            assert budget is not None and state.spent_at is not None
+            spent, accruing = await budgets_repo.spent_accruing(conn, budget, month, state.spent_at)
+            assert Decimal(state.spent) == spent > 0
+            assert state.accruing == (accruing if state.rates is not None else None)
 
 
 async def test_a_state_says_when_spent_was_measured_and_which_running_allocations_it_counts(
