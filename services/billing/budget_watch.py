@@ -200,7 +200,7 @@ async def say_state(
     ``rates_now``: ``rates(conn, now)`` read already in this transaction, and ``book``: the
     price book read in it (a caller saying many budgets reads the book once); else they are
     read here when needed. ``BookTooLarge`` for a budget that reserves under a book past
-    ``MAX_PRICED_FLAVORS``, before anything is read or said."""
+    ``MAX_PRICED_FLAVORS``, raised before a revision is taken or anything is said."""
     month = month_start(now)
     reserved_against = not deleted and reserves(budget)
     said_rates = None
