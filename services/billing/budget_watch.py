@@ -232,13 +232,13 @@ async def say_state(
     return spent
 
 
-async def say_state_or_log(conn: asyncpg.Connection, budget: Budget, now: datetime) -> bool:
+async def say_state_or_log(conn: asyncpg.Connection, budget: Budget, now: datetime) -> None:
     """``say_state``, for a bill or the accrual check, which must not fail for a state that
     cannot be said: under a book priced past ``MAX_PRICED_FLAVORS`` (``BookTooLarge``) the
     budget is left unsaid, logged at error level with what to do, and the rest of the
     transaction (the bill, its thresholds crossed) commits. A bill lost would be worse than
     a state not said: the budget is not marked said, so its next bill (or the accrual
-    check) says it again once the book is within its bound. True when it was said."""
+    check) says it again once the book is within its bound."""
     try:
         await say_state(conn, budget, now)
     except BookTooLarge as exc:
@@ -249,8 +249,6 @@ async def say_state_or_log(conn: asyncpg.Connection, budget: Budget, now: dateti
             f"/{budget.project}" if budget.project else "",
             exc,
         )
-        return False
-    return True
 
 
 async def rates(
