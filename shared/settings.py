@@ -87,6 +87,12 @@ def jetstream_duration(value: _Number, unit_seconds: int = 1) -> _Number:
     return value
 
 
+MIN_AUDIT_DAYS = 30
+"""The least audit-log retention taken, in days (``ServiceSettings.audit_retention_days``):
+the table refuses to delete a younger entry (``shared/migrations/0009_audit_log_retention.sql``
+says the same number)."""
+
+
 RETRY_DELAY_MAX_BOUND = 86_400.0
 """The largest ``retry_delay_max_seconds`` taken: a day (a redelivery delay of more only
 holds a failed event back from its consumer's operators)."""
@@ -273,6 +279,19 @@ class ServiceSettings(LogFormatSettings):
     browser (the web dashboard's, i.e. the submission service's public URL), comma-separated
     or a JSON list, shared by every service (no service prefix). Empty: no cross-origin
     access. Requests still need a token; ``*`` is refused."""
+    audit_retention_days: int = Field(
+        default=0, ge=0, le=1_000_000, validation_alias="TRAINYARD_AUDIT_RETENTION_DAYS"
+    )
+    """Days the service keeps an audit-log entry (``shared.retention``), shared by every
+    service (no service prefix); 0, the default: forever. Else at least ``MIN_AUDIT_DAYS``
+    (30: the table refuses to delete a younger entry); e.g. 400 outlasts a yearly audit."""
+
+    @field_validator("audit_retention_days")
+    @classmethod
+    def _audit_floor(cls, value: int) -> int:
+        if 0 < value < MIN_AUDIT_DAYS:
+            raise ValueError(f"must be 0 (keep forever) or at least {MIN_AUDIT_DAYS}")
+        return value
 
     @field_validator("cors_origins", mode="before")
     @classmethod

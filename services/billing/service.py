@@ -136,7 +136,14 @@ async def serve(settings: Settings) -> int:
         rt.add_readiness_check("nats", bus.ping)
         handlers = BillingHandlers()
         rt.spawn(OutboxRelay(pool, bus).run(rt.stopping), "outbox-relay")
-        rt.spawn(Retention(pool, settings.nats.retention_hours).run(rt.stopping), "retention")
+        rt.spawn(
+            Retention(
+                pool,
+                settings.nats.retention_hours,
+                audit_days=settings.audit_retention_days,
+            ).run(rt.stopping),
+            "retention",
+        )
         rt.spawn(BudgetAccrual(pool).run(rt.stopping), "budget-accrual")
         rt.spawn(
             bus.consume_batches(

@@ -42,4 +42,4 @@ class RegistryRetention(Retention):
         )
         if ended_unheard:
             log.info("retention: deleted %d kept ends of jobs (jobs_ended_unheard)", ended_unheard)
-        return RegistryPruned(pruned.inbox, pruned.outbox, ended_unheard)
+        return RegistryPruned(pruned.inbox, pruned.outbox, pruned.audit, ended_unheard)

@@ -59,7 +59,10 @@ async def serve(settings: Settings) -> int:
         handlers = RegistryHandlers(store)
         rt.spawn(OutboxRelay(pool, bus).run(rt.stopping), "outbox-relay")
         rt.spawn(
-            RegistryRetention(pool, settings.nats.retention_hours).run(rt.stopping), "retention"
+            RegistryRetention(
+                pool, settings.nats.retention_hours, audit_days=settings.audit_retention_days
+            ).run(rt.stopping),
+            "retention",
         )
         if settings.collector_interval_seconds > 0:
             collector = collector_for(pool, store, settings)

@@ -111,7 +111,14 @@ async def serve(settings: Settings) -> int:
             guard=leadership.check,
         )
         rt.spawn(OutboxRelay(pool, bus).run(rt.stopping), "outbox-relay")
-        rt.spawn(Retention(pool, settings.nats.retention_hours).run(rt.stopping), "retention")
+        rt.spawn(
+            Retention(
+                pool,
+                settings.nats.retention_hours,
+                audit_days=settings.audit_retention_days,
+            ).run(rt.stopping),
+            "retention",
+        )
         rt.spawn(leadership.run(rt.stopping, work.run), "leadership")
         scheduler_readings(rt.sample_metrics(bus, NAME, pool), pool)
 

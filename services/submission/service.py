@@ -50,7 +50,14 @@ async def serve(settings: Settings) -> int:
         rt.add_readiness_check("nats", bus.ping)
         rt.add_readiness_check("storage", lambda: store_answers(store))
         rt.spawn(outbox_relay(pool, bus, settings).run(rt.stopping), "outbox-relay")
-        rt.spawn(Retention(pool, settings.nats.retention_hours).run(rt.stopping), "retention")
+        rt.spawn(
+            Retention(
+                pool,
+                settings.nats.retention_hours,
+                audit_days=settings.audit_retention_days,
+            ).run(rt.stopping),
+            "retention",
+        )
         handler = event_handler(pool)
         rt.spawn(bus.consume_batches(NAME, SUBJECTS, handler, rt.stopping), "events")
         rt.sample_metrics(bus, NAME, pool)

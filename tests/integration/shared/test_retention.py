@@ -58,3 +58,61 @@ async def test_the_event_stream_keeps_events_for_the_same_horizon(
     # Dead letters wait for an operator, but not forever (NatsSettings.deadletter_max_*).
     assert dead.config.max_age == nats_settings.deadletter_max_age_days * 86400
     assert dead.config.max_msgs == nats_settings.deadletter_max_messages
+
+
+async def _audit(conn: asyncpg.Connection, target: str, at: datetime) -> None:
+    await conn.execute(
+        "INSERT INTO audit_log (at, actor, role, action, target) VALUES ($1, 'ops', 'operator', "
+        "'put queue', $2)",
+        at,
+        target,
+    )
+
+
+async def test_audit_entries_older_than_their_retention_go_in_batches(pool: asyncpg.Pool) -> None:
+    async with pool.acquire() as conn:
+        for i in range(5):
+            await _audit(conn, f"old-{i}", NOW - timedelta(days=401))
+        await _audit(conn, "within", NOW - timedelta(days=399))
+        await _audit(conn, "today", NOW)
+
+    kept = await Retention(pool, horizon_hours=168, batch=2).prune_once(NOW)
+    pruned = await Retention(pool, horizon_hours=168, batch=2, audit_days=400).prune_once(NOW)
+
+    # 0 (the default) keeps the audit log forever.
+    assert kept == Pruned(inbox=0, outbox=0, audit=0)
+    assert pruned == Pruned(inbox=0, outbox=0, audit=5)
+    async with pool.acquire() as conn:
+        left = await conn.fetch("SELECT target FROM audit_log ORDER BY id")
+    assert [r["target"] for r in left] == ["within", "today"]
+
+
+async def test_the_audit_log_refuses_any_other_delete(pool: asyncpg.Pool) -> None:
+    async with pool.acquire() as conn:
+        await _audit(conn, "last-month", NOW - timedelta(days=29))
+        await _audit(conn, "last-year", NOW - timedelta(days=365))
+        # No cutoff named: refused, however old the entry.
+        with pytest.raises(asyncpg.RaiseError, match="append-only"):
+            await conn.execute("DELETE FROM audit_log WHERE target = 'last-year'")
+        # A cutoff that spares the entry: refused.
+        with pytest.raises(asyncpg.RaiseError, match="append-only"):
+            async with conn.transaction():
+                await conn.execute(
+                    "SELECT set_config('trainyard.audit_prune_before', $1, true)",
+                    (NOW - timedelta(days=400)).isoformat(),
+                )
+                await conn.execute("DELETE FROM audit_log WHERE target = 'last-year'")
+        # Whatever the cutoff, an entry of the last 30 days stays.
+        with pytest.raises(asyncpg.RaiseError, match="append-only"):
+            async with conn.transaction():
+                await conn.execute(
+                    "SELECT set_config('trainyard.audit_prune_before', $1, true)",
+                    NOW.isoformat(),
+                )
+                await conn.execute("DELETE FROM audit_log")
+        for statement in ("UPDATE audit_log SET actor = 'x'", "TRUNCATE audit_log"):
+            with pytest.raises(asyncpg.RaiseError, match="append-only"):
+                await conn.execute(statement)
+        assert await conn.fetchval("SELECT count(*) FROM audit_log") == 2
+    with pytest.raises(ValueError, match="audit_days"):
+        Retention(pool, horizon_hours=168, audit_days=29)
