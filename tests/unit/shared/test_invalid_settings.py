@@ -43,6 +43,21 @@ def test_a_bad_service_setting_is_named_with_the_service_prefix(
     assert "invalid setting TRAINYARD_BILLING_SHUTDOWN_GRACE_SECONDS:" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("days", ["29", "-1"])
+def test_an_audit_retention_below_its_floor_is_refused(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], days: str
+) -> None:
+    # The table refuses to delete an entry of the last 30 days: a shorter retention could
+    # never be honoured, so it is refused at start rather than failing every round.
+    monkeypatch.setenv("TRAINYARD_AUDIT_RETENTION_DAYS", days)
+
+    with pytest.raises(SystemExit) as exited:
+        serve_from_command_line("billing", "test", Settings, _must_not_serve, [])
+
+    assert exited.value.code == 2
+    assert "invalid setting TRAINYARD_AUDIT_RETENTION_DAYS:" in capsys.readouterr().err
+
+
 def test_the_runner_names_a_bad_setting_too(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
