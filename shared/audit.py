@@ -21,7 +21,7 @@ Contract:
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import asyncpg
@@ -105,14 +105,19 @@ CURSOR = paging.Cursor("GET /v1/audit", paging.integer)
 
 
 def _instant(name: str, value: datetime | None) -> datetime | None:
-    """``value`` if it names its offset (RFC 3339), else ``RequestInvalid`` naming ``name``:
-    a time without one would be read in the database server's zone, a guess."""
-    if value is not None and value.utcoffset() is None:
+    """``value`` in UTC if it names its offset (RFC 3339), else ``RequestInvalid`` naming
+    ``name``: a time without one would be read in the database server's zone, a guess."""
+    if value is None:
+        return None
+    if value.utcoffset() is None:
         raise RequestInvalid.one(
             name,
             "must be a date and time with its offset (Z or +hh:mm), such as 2026-01-31T09:30:00Z",
         )
-    return value
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:  # 0001-01-01T00:00:00+01:00 is before the first year
+        raise RequestInvalid.one(name, "must be within the years 1 to 9999 in UTC") from None
 
 
 def audit_route(pool: asyncpg.Pool, service: str) -> HTTPRouteHandler:

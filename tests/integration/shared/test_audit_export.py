@@ -94,6 +94,7 @@ async def test_an_export_neither_skips_nor_repeats_while_entries_are_written(
         ("since=yesterday", "since"),
         ("until=2026-03-01T00:00:00", "until"),
         ("since=2026-02-30T00:00:00Z", "since"),
+        ("until=0001-01-01T00:00:00%2B01:00", "until"),
     ],
 )
 async def test_a_bad_time_is_a_422_naming_the_parameter(
