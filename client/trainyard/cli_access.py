@@ -12,8 +12,10 @@
                                                      give a user another role (admins)
     trainyard user disable NAME [--team T] [--if-match ETAG]
                                                      disable a user, revoke its tokens (admins)
-    trainyard audit [--limit N] [--before ID]        the submission service's audit log
-                                                     (operators)
+    trainyard audit [--limit N | --all] [--before ID] [--since T] [--until T]
+                                                     a service's audit log (operators;
+                                                     --url: that service, submission's
+                                                     by default)
 
 A new token is printed once, alone on stdout with ``--json`` off, so that
 ``export TRAINYARD_TOKEN=$(trainyard token rotate)`` works.
@@ -93,9 +95,19 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     disable.add_argument("name", metavar="NAME")
     disable.add_argument("--team", help="another team (operators)")
     add_if_match(disable)
-    audit = commands.add_parser("audit", parents=[common], help="the audit log (operators)")
-    audit.add_argument("--limit", type=positive_arg, default=50)
+    audit = commands.add_parser(
+        "audit", parents=[common], help="a service's audit log (operators; --url: that service)"
+    )
+    how_many = audit.add_mutually_exclusive_group()
+    how_many.add_argument("--limit", type=positive_arg, default=50)
+    how_many.add_argument(
+        "--all", action="store_true", help="every entry (with --json: an export of the window)"
+    )
     audit.add_argument("--before", type=positive_arg, help="entries older than this id")
+    audit.add_argument(
+        "--since", metavar="TIME", help="entries written at or after this RFC 3339 time"
+    )
+    audit.add_argument("--until", metavar="TIME", help="entries written before this RFC 3339 time")
 
 
 def run(client: TrainyardClient, args: argparse.Namespace, as_json: bool) -> Any:
@@ -105,7 +117,12 @@ def run(client: TrainyardClient, args: argparse.Namespace, as_json: bool) -> Any
         me = client.whoami()
         return me if as_json else render_whoami(me)
     if args.command == "audit":
-        entries = client.audit(before=args.before, limit=args.limit)
+        entries = client.audit(
+            before=args.before,
+            limit=None if args.all else args.limit,
+            since=args.since,
+            until=args.until,
+        )
         return entries if as_json else render_audit(entries, args.before)
     if args.command == "token":
         return _token(client, args, as_json)

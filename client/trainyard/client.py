@@ -368,12 +368,21 @@ class TrainyardClient:
         params = {"team": team} if team else {}
         self._response("DELETE", f"/v1/admin/users/{segment(name)}", headers, params=params)
 
-    def audit(self, before: int | None = None, limit: int = 100) -> list[dict[str, Any]]:
-        """The newest ``limit`` entries of the audit log (below the id ``before``), page after
-        page as the server gives them (at most 1000 a page)."""
-        params: dict[str, int] = {
-            "limit": min(limit, AUDIT_PAGE_MAX),
+    def audit(
+        self,
+        before: int | None = None,
+        limit: int | None = 100,
+        since: str | None = None,
+        until: str | None = None,
+    ) -> list[dict[str, Any]]:
+        """The newest ``limit`` entries of the audit log (every one when None), below the id
+        ``before``, written at or after ``since`` and before ``until`` (RFC 3339 times, the
+        server checks them), page after page as the server gives them (at most 1000 a page)."""
+        params: dict[str, int | str] = {
+            "limit": AUDIT_PAGE_MAX if limit is None else min(limit, AUDIT_PAGE_MAX),
             **({"before": before} if before else {}),
+            **({"since": since} if since else {}),
+            **({"until": until} if until else {}),
         }
         return self._list("GET", "/v1/audit", params=params, most=limit)
 
