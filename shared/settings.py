@@ -280,11 +280,12 @@ class ServiceSettings(LogFormatSettings):
     or a JSON list, shared by every service (no service prefix). Empty: no cross-origin
     access. Requests still need a token; ``*`` is refused."""
     audit_retention_days: int = Field(
-        default=0, ge=0, le=1_000_000, validation_alias="TRAINYARD_AUDIT_RETENTION_DAYS"
+        default=0, ge=0, le=36_500, validation_alias="TRAINYARD_AUDIT_RETENTION_DAYS"
     )
     """Days the service keeps an audit-log entry (``shared.retention``), shared by every
     service (no service prefix); 0, the default: forever. Else at least ``MIN_AUDIT_DAYS``
-    (30: the table refuses to delete a younger entry); e.g. 400 outlasts a yearly audit."""
+    (30: the table refuses to delete a younger entry), at most 36500 (100 years); e.g. 400
+    outlasts a yearly audit."""
 
     @field_validator("audit_retention_days")
     @classmethod

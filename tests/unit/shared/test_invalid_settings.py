@@ -43,12 +43,13 @@ def test_a_bad_service_setting_is_named_with_the_service_prefix(
     assert "invalid setting TRAINYARD_BILLING_SHUTDOWN_GRACE_SECONDS:" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("days", ["29", "-1"])
-def test_an_audit_retention_below_its_floor_is_refused(
+@pytest.mark.parametrize("days", ["29", "-1", "36501"])
+def test_an_audit_retention_out_of_its_bounds_is_refused(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], days: str
 ) -> None:
     # The table refuses to delete an entry of the last 30 days: a shorter retention could
-    # never be honoured, so it is refused at start rather than failing every round.
+    # never be honoured, so it is refused at start rather than failing every round; so is
+    # one whose cutoff would fall before the first year a datetime holds.
     monkeypatch.setenv("TRAINYARD_AUDIT_RETENTION_DAYS", days)
 
     with pytest.raises(SystemExit) as exited:
