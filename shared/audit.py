@@ -12,7 +12,7 @@ Contract:
 - ``audit_route`` serves ``GET /v1/audit`` (newest first, by id; ``before`` an id to start
   below; ``since`` and ``until`` bound the entries' time, ``since <= at < until``; paged with
   the platform's cursor, ``shared.paging``), to operators only.
-- Export: ids only grow, so paging by id never lists an entry twice nor skips one written
+- Export: ids only grow, so paging by id never lists an entry twice nor skips one committed
   before the first page was read (new ones, above it, are left for the next export). An
   entry is numbered when its write inserts it and seen once that write commits: a window
   ``until`` a few minutes past holds only entries whose writes have long committed, so
