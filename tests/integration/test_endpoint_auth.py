@@ -111,6 +111,12 @@ POLICY: dict[str, dict[tuple[str, str], Role]] = {
         },
         ("PATCH", "/v1/admin/queues/{name:str}"): OP,
         ("PATCH", "/v1/admin/priority-classes/{name:str}"): OP,
+        # What nodes are declared to have is the operators' alone, reads too (as the nodes).
+        ("GET", "/v1/admin/node-inventory"): OP,
+        ("GET", "/v1/admin/node-inventory/{node_id:str}"): OP,
+        ("PUT", "/v1/admin/node-inventory/{node_id:str}"): OP,
+        ("PATCH", "/v1/admin/node-inventory/{node_id:str}"): OP,
+        ("DELETE", "/v1/admin/node-inventory/{node_id:str}"): OP,
     },
     "registry": {
         ("GET", "/v1/models/{team:str}/{name:str}/versions"): V,

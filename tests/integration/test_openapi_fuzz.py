@@ -64,6 +64,7 @@ from trainyard_platform.services.scheduler.admin_schemas import (
     CohortRequest,
     CordonRequest,
     FlavorRequest,
+    NodeDeclarationRequest,
     PriorityClassRequest,
     QueueRequest,
 )
@@ -328,6 +329,8 @@ JSON_BODIES: dict[tuple[str, str, str], type[BaseModel]] = {
     ("scheduler", "put", "/v1/admin/priority-classes/{name}"): PriorityClassRequest,
     ("scheduler", "patch", "/v1/admin/queues/{name}"): QueueRequest,
     ("scheduler", "patch", "/v1/admin/priority-classes/{name}"): PriorityClassRequest,
+    ("scheduler", "put", "/v1/admin/node-inventory/{node_id}"): NodeDeclarationRequest,
+    ("scheduler", "patch", "/v1/admin/node-inventory/{node_id}"): NodeDeclarationRequest,
     ("scheduler", "post", "/v1/admin/nodes/{node_id}/cordon"): CordonRequest,
     ("registry", "put", "/v1/jobs/{job_id}/note"): NoteBody,
     ("registry", "post", "/v1/models/{team}/{name}/versions"): RegisterRequest,

@@ -96,7 +96,9 @@ async def test_the_documented_backfill_copies_the_newest_checkpoint_of_each_live
     try:
         await conn.execute(
             "INSERT INTO scheduler.nodes (node_id, hostname, gpu_flavor, gpu_count, status, "
-            "last_heartbeat, registered_at) VALUES ('n1', 'n1', 'h100', 8, 'READY', $1, $1)",
+            "last_heartbeat, registered_at, reported_flavor, reported_gpu_count, "
+            "reported_topology) VALUES ('n1', 'n1', 'h100', 8, 'READY', $1, $1, 'h100', 8, "
+            "'default')",
             T0,
         )
         await conn.execute(
