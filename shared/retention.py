@@ -18,7 +18,7 @@ delete an entry younger than that cutoff or than ``MIN_AUDIT_DAYS``, whatever th
 
 Contract: ``prune_once(cutoff)`` deletes inbox rows applied before ``cutoff``, outbox rows
 published before it and, when ``audit_days`` is set, audit entries older than ``audit_days``
-(counted from now), and returns how many of each; ``run(stop)`` prunes every ``interval_s``
+(counted from now by the database's clock, the trigger's), and returns how many of each; ``run(stop)`` prunes every ``interval_s``
 until ``stop``, logging database errors and trying again next time.
 """
 
@@ -103,10 +103,16 @@ class Retention:
         )
         audit = 0
         if self._audit_horizon is not None:
+            # Counted by the database's clock, as the table's trigger counts its 30 days: by
+            # this host's, a minute ahead, a 30-day retention picked entries the trigger
+            # refuses, and each batch holding one was refused whole.
+            audit_cutoff = await self._pool.fetchval(
+                "SELECT now() - $1::interval", self._audit_horizon
+            )
             audit = await self._drain(
                 "DELETE FROM audit_log WHERE id = ANY(ARRAY("
                 "  SELECT id FROM audit_log WHERE at < $1 LIMIT $2))",
-                datetime.now(UTC) - self._audit_horizon,
+                audit_cutoff,
                 audit=True,
             )
         return Pruned(inbox, outbox, audit)

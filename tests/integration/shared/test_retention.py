@@ -116,3 +116,31 @@ async def test_the_audit_log_refuses_any_other_delete(pool: asyncpg.Pool) -> Non
         assert await conn.fetchval("SELECT count(*) FROM audit_log") == 2
     with pytest.raises(ValueError, match="audit_days"):
         Retention(pool, horizon_hours=168, audit_days=29)
+
+
+async def test_audit_retention_counts_by_the_databases_clock(
+    pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The service's clock a minute ahead of the database's (the table's trigger counts 30
+    days by the database's): an entry 30 days old less 30 s by the database is no candidate
+    of a 30-day retention, so the batch holding it is not refused whole."""
+
+    class Ahead(datetime):
+        @classmethod
+        def now(cls, tz: object = None) -> Ahead:  # type: ignore[override]
+            return super().now(UTC) + timedelta(minutes=1)
+
+    monkeypatch.setattr("trainyard_platform.shared.retention.datetime", Ahead)
+    async with pool.acquire() as conn:
+        await _audit(conn, "old", NOW - timedelta(days=40))
+        await conn.execute(
+            "INSERT INTO audit_log (at, actor, role, action, target) VALUES "
+            "(now() - interval '30 days' + interval '30 seconds', 'ops', 'operator', "
+            "'put queue', 'young')"
+        )
+
+    pruned = await Retention(pool, horizon_hours=168, audit_days=30).prune_once(NOW)
+
+    assert pruned.audit == 1
+    left = await pool.fetch("SELECT target FROM audit_log ORDER BY id")
+    assert [r["target"] for r in left] == ["young"]
