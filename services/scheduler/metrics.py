@@ -1,11 +1,12 @@
 """The scheduler's gauges and totals, read from its tables by ``shared.metrics_sampler``.
 
 Every reading is one aggregate query over small tables or partial indexes (waiting jobs,
-nodes, live GPU leases), except the two totals, which count allocations and finished jobs
-by a grouped scan: run every 15 s on one connection, not per scrape. Labels are queues,
+nodes, live GPU leases), except the two totals, which count allocations (with their jobs'
+flavors) and finished jobs by a grouped scan: run every 15 s on one connection, not per scrape. Labels are queues,
 flavors, states and the fields the node inventory caps only (``shared.metrics``: nothing
-about a tenant beyond counts). A flavor label is a node's flavor, which is a flavor of the
-catalogue (``repository.upsert_node`` registers it): a node the node inventory gives no
+about a tenant beyond counts). A flavor label is a node's flavor (for the allocation
+totals, the one it had at the grant), which is a flavor of the catalogue
+(``repository.upsert_node`` registers it): a node the node inventory gives no
 flavor (``inventory.NO_FLAVOR``) is left out of the flavor series, so a name an undeclared
 node chose never becomes a label; nor does a node's id or topology.
 """
@@ -42,12 +43,21 @@ idle they set off ``TrainyardGPUsIdleWhileJobsWait`` for as long as a node was c
 A retired node (``admin.retire_node``) counts in no state: its GPUs are gone for good, and
 counted ``lost`` they kept ``TrainyardGPUsLost`` firing forever."""
 
-_ALLOCATIONS = """SELECT n.gpu_flavor AS flavor, count(a.allocation_id) AS granted,
-       count(*) FILTER (WHERE a.outcome = 'preempted' AND a.notice_at IS NOT NULL) AS preempted
-FROM nodes n LEFT JOIN allocations a USING (node_id) WHERE n.gpu_flavor <> ''
-GROUP BY n.gpu_flavor"""
-"""Every flavor a node ever had, at 0 until its first allocation (as ``_QUEUES``); retired
-nodes included: these are totals, which must never go down."""
+_ALLOCATIONS = """WITH granted AS (
+    SELECT j.gpu_flavor AS flavor, a.allocation_id, a.outcome, a.notice_at
+    FROM allocations a JOIN jobs j USING (job_id))
+SELECT f.flavor, count(g.allocation_id) AS granted,
+       count(g.allocation_id) FILTER (WHERE g.outcome = 'preempted' AND g.notice_at IS NOT NULL)
+           AS preempted
+FROM (SELECT gpu_flavor AS flavor FROM nodes WHERE gpu_flavor <> ''
+      UNION SELECT flavor FROM granted) f
+LEFT JOIN granted g USING (flavor)
+GROUP BY f.flavor"""
+"""Every flavor a node has, at 0 until its first allocation (as ``_QUEUES``), and every
+flavor an allocation was granted on (its job's, the node's then), retired nodes included:
+these are totals, which must never go down. An allocation counts under the flavor it was
+granted on, not its node's now: a node whose flavor changed or went (undeclared under a
+required inventory: ``inventory.NO_FLAVOR``) took its grants out of the totals."""
 
 _NODES = "SELECT status, count(*) AS n FROM nodes WHERE retired_at IS NULL GROUP BY status"
 """Ready and lost nodes (``TrainyardNodeLost``); a retired node is neither, and is left out."""

@@ -221,3 +221,31 @@ async def test_the_supply_of_a_node_is_said_each_time_it_is_judged(
         )
         == 2
     )
+
+
+async def test_a_node_undeclared_after_its_grants_keeps_them_in_the_totals(
+    scheduler_with: Tuned, http: httpx.AsyncClient
+) -> None:
+    """The allocation totals never go down (a counter that does reads as a reset): a node
+    whose declaration is deleted has no flavor, and its past grants still count under the
+    flavor they were granted on."""
+    scheduler = await scheduler_with(node_inventory=InventoryMode.REQUIRED)
+    assert (await http.put("/v1/admin/flavors/cpu", json={}, headers=AUTH)).is_success
+    declared = {"gpu_flavor": "cpu", "gpu_count": 8}
+    made = await http.put("/v1/admin/node-inventory/n1", json=declared, headers=CREATE)
+    assert made.status_code == 201, made.text
+    await scheduler.heartbeat("n1", gpus=8)
+    await scheduler.submit("job-1", gpus=1)
+    await scheduler.wait_for(AllocationGranted)
+    assert await readings(scheduler, "trainyard.scheduler.allocations") == {"cpu": 1}
+
+    read = await http.get("/v1/admin/node-inventory/n1", headers=AUTH)
+    gone = await http.delete(
+        "/v1/admin/node-inventory/n1", headers={**AUTH, "If-Match": read.headers["ETag"]}
+    )
+    assert gone.status_code == 204, gone.text
+    await scheduler.heartbeat("n1", gpus=8)
+    assert (await listed_node(http, "n1"))["gpu_flavor"] == ""
+
+    assert await readings(scheduler, "trainyard.scheduler.allocations") == {"cpu": 1}
+    assert await readings(scheduler, "trainyard.scheduler.preemptions") == {"cpu": 0}
