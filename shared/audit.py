@@ -147,6 +147,11 @@ def audit_route(pool: asyncpg.Pool, service: str) -> HTTPRouteHandler:
         after: Annotated[str | None, QueryParameter(description="the next page's cursor")] = None,
     ) -> Response[list[AuditEntry]]:
         since, until = _instant("since", since), _instant("until", until)
+        if since is not None and until is not None and until < since:
+            # An empty window said as an empty page would pass a reversed export for done.
+            raise RequestInvalid.one(
+                "until", f"must not be before since ({since.isoformat()}): the window is empty"
+            )
         key = CURSOR.read(after, of=service)
         below = [i for i in (before, None if key is None else key[0]) if i is not None]
         async with pool.acquire() as conn:
