@@ -126,8 +126,9 @@ def _unpinned(job: JobRequest) -> str:
     """Why a job's pin of its parent version (``parent_model_version_id``) is refused."""
     return (
         f"is not the id of the version {job.parent_model} names now (the model was deleted "
-        "and made again, or its alias moved, since the spec was written); leave it out to "
-        "fine-tune from the version it names now"
+        "and made again, or its alias moved, since the spec was written), so that version "
+        "cannot be fine-tuned from, nor a job made from it reproduced; to fine-tune from the "
+        "version it names now, submit the spec without this field"
     )
 
 
