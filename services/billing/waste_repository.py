@@ -170,6 +170,17 @@ SELECT EXISTS (
 and holding no allocation then."""
 
 
+_HELD = """
+SELECT coalesce(sum(a.gpus), 0) FROM announced_allocations a
+LEFT JOIN usage_ledger u USING (allocation_id)
+WHERE a.node_id = $1 AND a.granted_at < $3 AND (u.ended_at IS NULL OR u.ended_at > $2)
+"""
+"""The GPUs billing's records (the scheduler's grants and releases) put on the node at any
+time in ``[$2, $3)``: each allocation granted on it before the interval ends and not
+released before it starts holds its GPUs for the whole interval, so a grant or release
+inside it counts nothing free rather than too much."""
+
+
 async def record_supply(conn: asyncpg.Connection, supplied: NodeSupplied) -> None:
     """Keep what the scheduler places on the node, unless billing holds a later judgement."""
     await conn.execute(
@@ -188,15 +199,18 @@ async def record_supply(conn: asyncpg.Connection, supplied: NodeSupplied) -> Non
 
 async def record_heartbeat(conn: asyncpg.Connection, beat: RunnerHeartbeat) -> bool:
     """Remember the node's heartbeat; when the previous one is at most ``HEARTBEAT_GAP``
-    earlier, some of its GPUs were held by none of its running allocations (those granted
-    on this node: another node's allocation it names holds none of them) and a job of its
-    flavor was waiting, record the interval between them as unallocated (True).
+    earlier, some of its GPUs were held by none of the allocations billing's records put on
+    it between the two (``_HELD``) and a job of its flavor was waiting, record the interval
+    between them as unallocated (True).
 
     The node's GPUs and flavor are what the scheduler places on (``record_supply``: its
-    claim capped by the node inventory), never more GPUs than the heartbeat says: a node's
-    own word would let it inflate the platform's unallocated GPUs. Before billing has
-    heard the scheduler's word on the node, or for a node with no flavor, nothing is
-    counted."""
+    claim capped by the node inventory), never more GPUs than the heartbeat says, and which
+    of them are held is the platform's word (its grants and releases), never the node's: a
+    node's own word, on its GPUs or on what it runs, would let it inflate the platform's
+    unallocated GPUs. The node's word may only count less: a heartbeat naming an allocation
+    billing has not seen granted counts nothing (how many GPUs it holds is not known yet).
+    Before billing has heard the scheduler's word on the node, or for a node with no
+    flavor, nothing is counted."""
     previous = await conn.fetchrow(
         "SELECT gpu_flavor, gpu_count, sent_at FROM waste_nodes WHERE node_id = $1 FOR UPDATE",
         beat.node_id,
@@ -215,11 +229,11 @@ async def record_heartbeat(conn: asyncpg.Connection, beat: RunnerHeartbeat) -> b
     )
     if previous is None or not timedelta(0) < beat.sent_at - previous["sent_at"] <= HEARTBEAT_GAP:
         return False
-    held = await conn.fetch(
-        "SELECT gpus, node_id FROM announced_allocations WHERE allocation_id = ANY($1::text[])",
+    named = await conn.fetchval(
+        "SELECT count(*) FROM announced_allocations WHERE allocation_id = ANY($1::text[])",
         beat.running_allocations,
     )
-    if len(held) < len(set(beat.running_allocations)):
+    if named < len(set(beat.running_allocations)):
         return False  # an allocation billing has not seen granted yet: how many GPUs is unknown
     supply = await conn.fetchrow(
         "SELECT gpu_flavor, gpu_count FROM waste_node_supply WHERE node_id = $1", beat.node_id
@@ -227,9 +241,8 @@ async def record_heartbeat(conn: asyncpg.Connection, beat: RunnerHeartbeat) -> b
     if supply is None or not supply["gpu_flavor"]:
         return False  # the scheduler has not said what it places on the node, or it places nothing
     flavor = supply["gpu_flavor"]
-    # Only the node's own allocations hold its GPUs: another node's, named here, holds none.
     gpus = min(beat.gpu_count, supply["gpu_count"])
-    free = gpus - sum(r["gpus"] for r in held if r["node_id"] == beat.node_id)
+    free = gpus - await conn.fetchval(_HELD, beat.node_id, previous["sent_at"], beat.sent_at)
     if free <= 0 or not await conn.fetchval(_WAITING, flavor, beat.sent_at):
         return False
     await conn.execute(

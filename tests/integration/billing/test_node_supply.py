@@ -14,7 +14,17 @@ import httpx
 import pytest
 
 from tests.integration.billing.conftest import feed
-from tests.integration.billing.test_waste import H, at, beat, client, submitted, supplied
+from tests.integration.billing.test_waste import (
+    H,
+    at,
+    beat,
+    client,
+    granted,
+    released,
+    spec,
+    submitted,
+    supplied,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -66,3 +76,28 @@ async def test_the_latest_judgement_of_a_node_counts_whatever_order_they_come_in
     await feed(pool, beat("n-11", at(97), [], gpus=8))
     await feed(pool, beat("n-11", at(97 + 1 / 60), [], gpus=8))
     assert await free_gpus(pool, "n-11") == [2]
+
+
+async def test_a_node_leaving_its_allocations_out_of_its_heartbeat_counts_them_held(
+    client: httpx.AsyncClient, pool: asyncpg.Pool
+) -> None:
+    """n-12 runs o-1 (4 of its 8 GPUs) and heartbeats that it runs nothing: billing's own
+    record of the grant holds them, so 4 sat free, not 8. n-13's allocation was released
+    before the interval: all 8 count. Before, a node's word on what it ran was taken, and
+    a node leaving its allocations out had their GPUs counted unallocated."""
+    job = spec("ml", "bob", "cpu", 4, "normal")
+    await feed(
+        pool,
+        submitted("w12", H, at(98)),
+        submitted("o", job, at(98)),
+        supplied("n-12", at(98)),
+        supplied("n-13", at(98)),
+        granted("o-1", "o", job, "n-12", at(98), "ml-q"),
+        granted("o-2", "o", job, "n-13", at(98), "ml-q"),
+        released("o-2", "o", job, "n-13", at(98), at(98.5), "failed"),
+    )
+    for node in ("n-12", "n-13"):
+        await feed(pool, beat(node, at(99), []))
+        await feed(pool, beat(node, at(99 + 1 / 60), []))
+    assert await free_gpus(pool, "n-12") == [4]
+    assert await free_gpus(pool, "n-13") == [8]
