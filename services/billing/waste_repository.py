@@ -182,18 +182,26 @@ inside it counts nothing free rather than too much."""
 
 
 async def record_supply(conn: asyncpg.Connection, supplied: NodeSupplied) -> None:
-    """Keep what the scheduler places on the node, unless billing holds a later judgement."""
+    """Keep what the scheduler places on the node, unless billing holds a later judgement:
+    one of a higher ``sequence`` (the same one is the same supply, said again), or, between
+    two without one (a scheduler from before it), of a later ``judged_at``; one with a
+    sequence is later than any without."""
     await conn.execute(
-        """INSERT INTO waste_node_supply (node_id, gpu_flavor, gpu_count, judged_at)
-           VALUES ($1, $2, $3, $4)
+        """INSERT INTO waste_node_supply (node_id, gpu_flavor, gpu_count, judged_at, sequence)
+           VALUES ($1, $2, $3, $4, $5)
            ON CONFLICT (node_id) DO UPDATE
                SET gpu_flavor = EXCLUDED.gpu_flavor, gpu_count = EXCLUDED.gpu_count,
-                   judged_at = EXCLUDED.judged_at
-               WHERE EXCLUDED.judged_at > waste_node_supply.judged_at""",
+                   judged_at = EXCLUDED.judged_at, sequence = EXCLUDED.sequence
+               WHERE CASE WHEN EXCLUDED.sequence IS NULL
+                          THEN waste_node_supply.sequence IS NULL
+                               AND EXCLUDED.judged_at > waste_node_supply.judged_at
+                          ELSE EXCLUDED.sequence >= coalesce(waste_node_supply.sequence, 0)
+                     END""",
         supplied.node_id,
         supplied.gpu_flavor,
         supplied.gpu_count,
         supplied.judged_at,
+        supplied.sequence,
     )
 
 

@@ -55,7 +55,7 @@ from datetime import datetime
 
 import asyncpg
 
-from trainyard_platform.services.scheduler import admission, budget_holds
+from trainyard_platform.services.scheduler import admission, budget_holds, node_supply
 from trainyard_platform.services.scheduler import allocation_repository as allocation_repo
 from trainyard_platform.services.scheduler import repository as repo
 from trainyard_platform.services.scheduler.domain import (
@@ -90,7 +90,6 @@ from trainyard_platform.shared.events.payloads import (
     JobStarted,
     JobSubmitted,
     JobSucceeded,
-    NodeSupplied,
     RunnerHeartbeat,
 )
 from trainyard_platform.shared.telemetry import inject
@@ -278,8 +277,8 @@ class SchedulerHandlers:
     ) -> None:
         """Record the node's heartbeat; a node whose claim, declaration or inventory mode
         changed gets its supply judged again (``inventory.cap``): each field capped is
-        logged as a warning naming the node, and the supply is said (``node.supplied``: what
-        billing counts of the node's GPUs, rather than its claim)."""
+        logged as a warning naming the node, and a changed supply is said (``node.supplied``:
+        what billing counts of the node's GPUs, rather than its claim; ``node_supply``)."""
         if heartbeat.gpu_count < 0:
             raise Reject(f"gpu_count: must be >= 0, got {heartbeat.gpu_count}")
         report = (heartbeat.hostname, heartbeat.gpu_flavor, heartbeat.gpu_count)
@@ -292,6 +291,9 @@ class SchedulerHandlers:
             declared = await repo.declaration(conn, node_id)
             supply = cap(claim, declared, mode)
             revision = None if declared is None else declared.revision
+            # Only a change of the node's own claim is said at most once a minute: anything
+            # else (a new node, one back, another declaration or mode) is said at once.
+            claim_only = await repo.judged_by(conn, node_id) == ("READY", mode.value, revision)
             await repo.upsert_node(
                 conn,
                 node_id,
@@ -303,13 +305,7 @@ class SchedulerHandlers:
                 mode=mode,
                 revision=revision,
             )
-            supplied = NodeSupplied(
-                node_id=node_id,
-                gpu_flavor=supply.gpu_flavor,
-                gpu_count=supply.gpu_count,
-                judged_at=now,
-            )
-            await emit(conn, supplied, node_id)
+            await node_supply.say_judged(conn, node_id, now, at_once=not claim_only)
             if self._facts:
                 self._facts.clear()  # the largest node of a flavor may have changed
             for capped in supply.capped:

@@ -25,9 +25,9 @@ Contract of ``cap`` (what placement gets, the node's *supply*, from what it clai
   shows them.
 - The heartbeat handler judges a node again when its claim, the mode or the declaration
   (its ``revision``) differs from what its supply was judged by (``repository.touch_node``);
-  a change of the inventory applies at the node's next heartbeat. Each judgement is said as
-  ``node.supplied`` (``NodeSupplied``): billing counts a node's GPUs from it, not from the
-  node's claim.
+  a change of the inventory applies at the node's next heartbeat. A judgement that changes
+  the node's supply is said as ``node.supplied`` (``NodeSupplied``; ``node_supply``): billing
+  counts a node's GPUs from it, not from the node's claim.
 
 The hostname and the rendezvous address a heartbeat says are not capped: neither places nor
 bills work.
@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from datetime import timedelta
 
 UNDECLARED = "undeclared"
 """The capped "field" of a node the inventory does not declare (``InventoryMode.REQUIRED``)."""
@@ -44,6 +45,10 @@ UNDECLARED = "undeclared"
 NO_FLAVOR = ""
 """The flavor of a node the inventory does not declare (``InventoryMode.REQUIRED``): no
 flavor's name (a flavor, as a heartbeat's, has at least one character)."""
+
+SAY_MIN_INTERVAL = timedelta(seconds=60)
+"""A change of a node's supply its own claim made is said at most this often
+(``node_supply.say_judged``)."""
 
 CAPPED_FIELDS = (UNDECLARED, "gpu_flavor", "gpu_count", "topology")
 """Every reason a node's supply is less than its claim (``trainyard.scheduler.nodes.capped``)."""

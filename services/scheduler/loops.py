@@ -24,8 +24,9 @@ Contract:
 - ``LeaderWork.run(stop)`` is what a leader does until ``stop``: the event consumer (each
   fetched batch applied in one transaction, under the scheduling lock and the leader check),
   the pass loop and the lost-node watch, which judges nodes only by what this consumer has
-  heard (``node_watch.BusHearing``). A database error in a pass is logged and retried; a
-  crash of any part stops the process (``ServiceRuntime``'s rule).
+  heard (``node_watch.BusHearing``), and the node supply herald, which says every ready
+  node's supply again (``node_supply.SupplyHerald``). A database error in a pass is logged
+  and retried; a crash of any part stops the process (``ServiceRuntime``'s rule).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from trainyard_platform.services.scheduler.fast_path import Kept, decide_arrival
 from trainyard_platform.services.scheduler.handlers import SchedulerHandlers
 from trainyard_platform.services.scheduler.leader import NotLeader
 from trainyard_platform.services.scheduler.leases import release_expired_notices
+from trainyard_platform.services.scheduler.node_supply import HERALD_INTERVAL_S, SupplyHerald
 from trainyard_platform.services.scheduler.node_watch import BusHearing, NodeWatch
 from trainyard_platform.services.scheduler.scheduling import (
     Clock,
@@ -261,6 +263,7 @@ class LeaderWork:
         node_check_interval_s: float = 2.0,
         node_timeout_s: float = 15.0,
         node_reconnect_grace_s: float = 5.0,
+        supply_herald_interval_s: float = HERALD_INTERVAL_S,
         clock: Clock = utc_now,
         guard: Guard = no_guard,
     ) -> None:
@@ -286,6 +289,7 @@ class LeaderWork:
             grace_seconds=node_reconnect_grace_s,
             on_lost=self.passes.forget,
         )
+        self.herald = SupplyHerald(pool, clock, guard, interval_s=supply_herald_interval_s)
         self._guard = guard
         self._name = name
         self._pool = pool
@@ -338,6 +342,7 @@ class LeaderWork:
             ),
             asyncio.create_task(self.passes.run(stop), name="passes"),
             asyncio.create_task(self.watch.run(stop), name="node-watch"),
+            asyncio.create_task(self.herald.run(stop), name="node-supply-herald"),
         ]
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)

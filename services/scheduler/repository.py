@@ -20,6 +20,7 @@ from trainyard_platform.services.scheduler.domain import (
 )
 from trainyard_platform.services.scheduler.inventory import (
     NO_FLAVOR,
+    SAY_MIN_INTERVAL,
     Declared,
     InventoryMode,
     Supply,
@@ -67,7 +68,8 @@ async def touch_node(
     whose supply was judged under ``mode`` and by its declaration as it is now (its
     revision; none, for an undeclared node), only moves its last heartbeat (and takes its
     hostname and address as reported). False when anything else changed (or the node is
-    new): ``upsert_node`` judges it again."""
+    new), or its supply's version was held back from being said longer than
+    ``node_supply.SAY_MIN_INTERVAL``: ``upsert_node`` judges it again."""
     touched = await conn.fetchval(
         """UPDATE nodes SET hostname = $2, address = $7,
                             last_heartbeat = GREATEST(last_heartbeat, $6)
@@ -76,6 +78,7 @@ async def touch_node(
                  AND inventory_mode = $8
                  AND inventory_revision IS NOT DISTINCT FROM
                      (SELECT revision FROM node_inventory WHERE node_id = $1)
+                 AND (supply_said_version = supply_version OR supply_said_at > $6::timestamptz - $9::interval)
            RETURNING true""",
         node_id,
         hostname,
@@ -85,8 +88,21 @@ async def touch_node(
         now,
         address,
         mode.value,
+        SAY_MIN_INTERVAL,
     )
     return bool(touched)
+
+
+async def judged_by(conn: asyncpg.Connection, node_id: str) -> tuple[str, str, int | None] | None:
+    """What the node's supply was last judged by: its status, inventory mode and
+    declaration's revision (None: the node is new, or was never judged)."""
+    row = await conn.fetchrow(
+        "SELECT status, inventory_mode, inventory_revision FROM nodes WHERE node_id = $1",
+        node_id,
+    )
+    if row is None or row["inventory_mode"] is None:
+        return None
+    return (row["status"], row["inventory_mode"], row["inventory_revision"])
 
 
 async def declaration(conn: asyncpg.Connection, node_id: str) -> Declared | None:
@@ -118,7 +134,9 @@ async def upsert_node(
     ``topology``, with ``supply`` (``inventory.cap`` of that claim under ``mode`` by the
     declaration of ``revision``; None: the claim itself, judged by nothing) for placement;
     the supply's flavor is registered if new (an undeclared node in a mode that requires a
-    declaration has none: ``NO_FLAVOR``). A retired node is an ordinary node again."""
+    declaration has none: ``NO_FLAVOR``). A retired node is an ordinary node again. A supply
+    of another flavor or GPU count than the node had gets the next ``supply_version``
+    (``node_supply``)."""
     supply = supply or Supply(gpu_flavor, gpu_count, topology)
     if supply.gpu_flavor != NO_FLAVOR:
         await conn.execute(
@@ -145,7 +163,11 @@ async def upsert_node(
                status = 'READY',
                lost_at = NULL,
                retired_at = NULL,
-               last_heartbeat = GREATEST(nodes.last_heartbeat, EXCLUDED.last_heartbeat)""",
+               last_heartbeat = GREATEST(nodes.last_heartbeat, EXCLUDED.last_heartbeat),
+               supply_version = nodes.supply_version
+                   + CASE WHEN (nodes.gpu_flavor, nodes.gpu_count)
+                               = (EXCLUDED.gpu_flavor, EXCLUDED.gpu_count)
+                          THEN 0 ELSE 1 END""",
         node_id,
         hostname,
         supply.gpu_flavor,

@@ -755,20 +755,25 @@ class FlavorRetired(Payload):
 
 
 class NodeSupplied(Payload):
-    """What the scheduler places on a node, said each time it judges the node's heartbeat
-    claim against the node inventory (a new node, a changed claim, declaration or mode):
-    the claim capped by what operators declared (docs/operations.md, "The node inventory").
-    A consumer counting a node's GPUs (billing's unallocated GPUs) reads them here, not in
-    the node's heartbeat, whose word is its own.
+    """What the scheduler places on a node: the node's heartbeat claim capped by what
+    operators declared (docs/operations.md, "The node inventory"), said when a judgement
+    changes it (a change the node's own claim made, at most once a minute), and again at
+    each scheduler leader's start and hourly. A consumer counting a node's GPUs (billing's
+    unallocated GPUs) reads them here, not in the node's heartbeat, whose word is its own.
 
     ``gpu_flavor`` is empty for a node with no flavor (undeclared while the inventory is
-    required). ``judged_at`` orders a node's events: a consumer keeps the latest."""
+    required). ``sequence`` orders a node's events: the version of its supply, one more at
+    each change, kept in the scheduler's database (so neither two leaders nor a clock step
+    can reorder them); a consumer keeps the highest, and one said again has the same
+    supply. Absent (a scheduler from before it), ``judged_at`` orders them; a sequenced
+    event is later than any without."""
 
     TYPE = "trainyard.node.supplied.v1"
     node_id: NodeText
     gpu_flavor: NodeText
     gpu_count: Annotated[int, _within(0, MAX_NODE_GPUS)]
     judged_at: Instant
+    sequence: int | None = Field(default=None, ge=1, le=2**63 - 1)
 
 
 RATE_PATTERN = r"^\d{1,10}(\.\d{1,6})?$"

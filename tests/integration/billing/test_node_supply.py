@@ -78,6 +78,34 @@ async def test_the_latest_judgement_of_a_node_counts_whatever_order_they_come_in
     assert await free_gpus(pool, "n-11") == [2]
 
 
+async def test_a_later_sequence_counts_whatever_the_scheduler_clock_said(
+    client: httpx.AsyncClient, pool: asyncpg.Pool
+) -> None:
+    """n-14's judgements are ordered by their sequence (the version of its supply in the
+    scheduler's database): the 2nd, judged by a leader whose clock is behind, is the one
+    kept, whichever comes first; one said again (same sequence) is kept too, and one of a
+    scheduler from before the sequence (none) never replaces one with a sequence. Before,
+    the later ``judged_at`` won: two leaders or a clock step kept an older judgement."""
+    await feed(pool, submitted("w14", H, at(100)))
+    await feed(
+        pool,
+        supplied("n-14", at(100), gpus=2, sequence=2),
+        supplied("n-14", at(101), gpus=8, sequence=1),
+        supplied("n-14", at(102), gpus=8),
+    )
+    await feed(pool, beat("n-14", at(103), [], gpus=8))
+    await feed(pool, beat("n-14", at(103 + 1 / 60), [], gpus=8))
+    assert await free_gpus(pool, "n-14") == [2]
+    await feed(
+        pool, supplied("n-15", at(101), gpus=8), supplied("n-15", at(100), gpus=3, sequence=1)
+    )
+    await feed(pool, supplied("n-15", at(99), gpus=3, sequence=1))
+    row = await pool.fetchrow(
+        "SELECT gpu_count, sequence FROM waste_node_supply WHERE node_id = 'n-15'"
+    )
+    assert (row["gpu_count"], row["sequence"]) == (3, 1)
+
+
 async def test_a_node_leaving_its_allocations_out_of_its_heartbeat_counts_them_held(
     client: httpx.AsyncClient, pool: asyncpg.Pool
 ) -> None:

@@ -172,9 +172,14 @@ def failed(
     return wrap(report, source)
 
 
-def supplied(node: str, when: datetime, gpus: int = 8, flavor: str = "cpu") -> Envelope[Payload]:
+def supplied(
+    node: str, when: datetime, gpus: int = 8, flavor: str = "cpu", sequence: int | None = None
+) -> Envelope[Payload]:
     """The scheduler's word on what it places on ``node`` (its claim capped)."""
-    return wrap(NodeSupplied(node_id=node, gpu_flavor=flavor, gpu_count=gpus, judged_at=when))
+    said = NodeSupplied(
+        node_id=node, gpu_flavor=flavor, gpu_count=gpus, judged_at=when, sequence=sequence
+    )
+    return wrap(said)
 
 
 def beat(node: str, when: datetime, running: list[str], gpus: int = 8) -> Envelope[Payload]:
