@@ -24,7 +24,8 @@ Contract of ``cap`` (what placement gets, the node's *supply*, from what it clai
   the scheduler logs them when a node's supply is (re)judged, and the inventory's admin view
   shows them.
 - The heartbeat handler judges a node again when its claim, the mode or the declaration
-  (its ``revision``) differs from what its supply was judged by (``repository.touch_node``);
+  (its ``revision``) differs from what its supply was judged by, or a change of its supply
+  has waited longer than ``SAY_MIN_INTERVAL`` to be said (``repository.touch_node``);
   a change of the inventory applies at the node's next heartbeat. A judgement that changes
   the node's supply is said as ``node.supplied`` (``NodeSupplied``; ``node_supply``): billing
   counts a node's GPUs from it, not from the node's claim.

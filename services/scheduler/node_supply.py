@@ -89,25 +89,29 @@ async def say_judged(
 
 
 async def say_unsaid_since(
-    conn: asyncpg.Connection, since: datetime, now: datetime, batch: int
-) -> int:
-    """Say the supply of up to ``batch`` ready judged nodes not said since ``since``;
-    returns how many."""
+    conn: asyncpg.Connection, since: datetime, now: datetime, batch: int, after: str = ""
+) -> list[str]:
+    """Say the supply of up to ``batch`` ready judged nodes not said since ``since``, in the
+    order of their ids from past ``after``; returns their ids, in that order."""
     rows = await conn.fetch(
-        """UPDATE nodes SET supply_said_version = supply_version, supply_said_at = $2
-           WHERE node_id IN (
+        """WITH picked AS (
                SELECT node_id FROM nodes
-               WHERE status = 'READY' AND inventory_mode IS NOT NULL
+               WHERE status = 'READY' AND inventory_mode IS NOT NULL AND node_id > $4
                      AND (supply_said_at IS NULL OR supply_said_at < $1)
-               ORDER BY node_id LIMIT $3 FOR UPDATE)
-           RETURNING node_id, gpu_flavor, gpu_count, supply_version""",
+               ORDER BY node_id LIMIT $3 FOR UPDATE),
+           said AS (
+               UPDATE nodes n SET supply_said_version = supply_version, supply_said_at = $2
+               FROM picked WHERE n.node_id = picked.node_id
+               RETURNING n.node_id, n.gpu_flavor, n.gpu_count, n.supply_version)
+           SELECT * FROM said ORDER BY node_id""",
         since,
         now,
         batch,
+        after,
     )
     for row in rows:
         await emit(conn, _supplied(row, now), row["node_id"])
-    return len(rows)
+    return [row["node_id"] for row in rows]
 
 
 class SupplyHerald:
@@ -133,15 +137,16 @@ class SupplyHerald:
     async def say_since(self, since: datetime) -> int:
         """Say every ready judged node not said since ``since``, a batch per transaction;
         returns how many."""
-        said = 0
-        while True:
+        said, after = 0, ""
+        while True:  # by node id: ends even if the clock steps back before ``since``
             async with self._pool.acquire() as conn, conn.transaction():
                 await repo.lock_scheduler(conn)  # the event batches' order: lock, then check
                 await self._guard(conn)
-                n = await say_unsaid_since(conn, since, self._clock(), self._batch)
-            said += n
-            if n < self._batch:
+                ids = await say_unsaid_since(conn, since, self._clock(), self._batch, after)
+            said += len(ids)
+            if len(ids) < self._batch:
                 return said
+            after = ids[-1]
 
     async def run(self, stop: asyncio.Event) -> None:
         failed_rounds_from_zero("node-supply-herald")

@@ -69,7 +69,7 @@ async def touch_node(
     revision; none, for an undeclared node), only moves its last heartbeat (and takes its
     hostname and address as reported). False when anything else changed (or the node is
     new), or its supply's version was held back from being said longer than
-    ``node_supply.SAY_MIN_INTERVAL``: ``upsert_node`` judges it again."""
+    ``inventory.SAY_MIN_INTERVAL``: ``upsert_node`` judges it again."""
     touched = await conn.fetchval(
         """UPDATE nodes SET hostname = $2, address = $7,
                             last_heartbeat = GREATEST(last_heartbeat, $6)

@@ -110,6 +110,10 @@ async def test_the_herald_says_every_ready_judged_node_again_in_bounded_batches(
     assert sorted((s.node_id, s.sequence) for s in again[4:]) == [("n1", 1), ("n2", 1)]
     assert await herald.say_since(datetime.now(UTC) - timedelta(hours=1)) == 0
 
+    # A clock stepped back a day: the round still ends, each node said once.
+    behind = SupplyHerald(scheduler.pool, lambda: datetime.now(UTC) - timedelta(days=1), batch=1)
+    assert await behind.say_since(datetime.now(UTC)) == 2
+
 
 async def test_a_leader_says_at_its_start_the_supply_of_nodes_not_said_in_its_term(
     scheduler: Scheduler,
