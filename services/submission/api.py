@@ -343,7 +343,9 @@ async def team(pool: Pool, team: Annotated[str, PathParameter(pattern=NAME_PATTE
 )
 async def create_user(request: AnyRequest, pool: Pool, caller: Me, settings: Config) -> UserCreated:
     body = parse_body(CreateUserRequest, await json_body(request))
-    return await identity.create_user(pool, caller, body, settings.token_ttl_days)
+    return await identity.create_user(
+        pool, caller, body, settings.token_ttl_days, _live_tokens(settings)
+    )
 
 
 @get("/admin/users", opt=needs(Role.ADMIN), responses=error_responses(404))
@@ -443,7 +445,9 @@ async def create_token(
     request: AnyRequest, pool: Pool, caller: Me, settings: Config
 ) -> TokenCreated:
     body = parse_body(TokenRequest, await json_body(request))
-    return await identity.create_token(pool, caller, body, settings.token_ttl_days)
+    return await identity.create_token(
+        pool, caller, body, settings.token_ttl_days, _live_tokens(settings)
+    )
 
 
 @post(
@@ -457,7 +461,9 @@ async def rotate_token(
     request: AnyRequest, pool: Pool, caller: Me, settings: Config
 ) -> TokenCreated:
     body = parse_body(TokenRequest, await json_body(request))
-    return await identity.rotate_token(pool, caller, body, settings.token_ttl_days)
+    return await identity.rotate_token(
+        pool, caller, body, settings.token_ttl_days, _live_tokens(settings)
+    )
 
 
 @delete("/tokens/{token_id:int}", status_code=204, responses=error_responses(404))
@@ -465,6 +471,10 @@ async def revoke_token(
     token_id: Annotated[int, PathParameter(ge=1, le=2**63 - 1)], pool: Pool, caller: Me
 ) -> None:
     await identity.revoke_token(pool, caller, token_id)
+
+
+def _live_tokens(settings: Settings) -> identity.LiveTokens:
+    return identity.LiveTokens(settings.live_tokens_per_user, settings.live_tokens_per_team)
 
 
 def _name(field: str, value: str) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from trainyard_platform.shared.settings import Port, ServiceSettings, optional_http_url
@@ -53,6 +53,14 @@ class Settings(ServiceSettings):
     its request says otherwise. Every token so expires: the environment cannot turn expiry
     off (``null``, an empty value, ``None`` and ``0`` are refused, and the service does not
     start); only a ``Settings`` built in code with ``None`` gives tokens no expiry."""
+    live_tokens_per_user: int = Field(default=100, ge=1, le=100_000)
+    """Unrevoked, unexpired tokens one user may hold (1 to 100,000); one more answers 409
+    naming the limit (``POST /v1/tokens``; rotating, one for one, still works)."""
+    live_tokens_per_team: int = Field(default=1000, ge=1, le=10_000_000)
+    """Unrevoked, unexpired tokens one team's users may hold together (1 to 10,000,000, at
+    least ``live_tokens_per_user``), first tokens of new users included: an admin creating
+    users does not multiply the team's tokens past it; one more answers 409 naming the
+    limit (``POST /v1/tokens``, ``POST /v1/admin/users``)."""
     scheduler_public_url: str | None = None
     """The scheduler's API as browsers reach it (``http://host:port``), for the web
     dashboard's queue and node pages (``GET /ui/config.json``); unset: those pages say the
@@ -78,6 +86,16 @@ class Settings(ServiceSettings):
     billing_public_url: str | None = None
     """Billing's API as browsers reach it, for the dashboard's costs page (see
     ``scheduler_public_url``)."""
+
+    @model_validator(mode="after")
+    def _team_holds_a_user(self) -> Settings:
+        # A team bound below a user's makes the user's unreachable: a setting mistaken.
+        if self.live_tokens_per_team < self.live_tokens_per_user:
+            raise ValueError(
+                "live_tokens_per_team: must be at least live_tokens_per_user "
+                f"({self.live_tokens_per_team} < {self.live_tokens_per_user})"
+            )
+        return self
 
     @field_validator(
         "registry_url", "scheduler_public_url", "registry_public_url", "billing_public_url"

@@ -18,9 +18,15 @@ Contract:
 - A user's role change and disabling are conditional (``shared.http_app.Preconditions``)
   on its ``user_tag``, the ``ETag`` of ``GET /v1/admin/users/{name}``: with ``If-Match:
   <it>`` only while the user is as it was read (412 otherwise, nothing changed).
-- A user has at most ``MAX_LIVE_TOKENS`` unrevoked, unexpired tokens: issuing one more is a
-  ``Conflict`` (409) saying so; every token is checked on every request and listed in
-  ``GET /v1/tokens``.
+- A user holds at most ``LiveTokens.per_user`` live (unrevoked, unexpired) tokens and its
+  team's users together at most ``LiveTokens.per_team`` (the settings
+  ``live_tokens_per_user``/``_per_team``): issuing one more, a new user's first token
+  included, is a ``Conflict`` (409) naming the limit, nothing stored. The count and the
+  insert are one transaction behind a lock of the team's row, so issues in one team, on
+  any replica, take turns and two at the bound cannot both pass. Rotation revokes before
+  it counts (one for one). ``bootstrap_user`` is not held to it: it runs with the
+  database's credentials, the way back in. Every token is checked on every request and
+  listed in ``GET /v1/tokens``.
 """
 
 from __future__ import annotations
@@ -54,8 +60,14 @@ from trainyard_platform.shared.http_app import Preconditions, entity_tag
 from trainyard_platform.shared.http_errors import RequestInvalid
 from trainyard_platform.shared.identity import Principal, Role
 
-MAX_LIVE_TOKENS = 100
-"""The most unrevoked, unexpired tokens one user may hold."""
+
+@dataclass(frozen=True)
+class LiveTokens:
+    """The most live (unrevoked, unexpired) tokens a user, and a team's users together, may
+    hold (see the module)."""
+
+    per_user: int = 100
+    per_team: int = 1000
 
 
 @dataclass(frozen=True)
@@ -148,13 +160,17 @@ async def add_user(
     role: Role,
     ttl_days: int | None,
     created_by: int | None = None,
+    limits: LiveTokens | None = None,
 ) -> tuple[str, asyncpg.Record]:
     """Create ``team`` if needed and a user in it with a first token; return the token (shown
-    once) and its row."""
+    once) and its row. With ``limits``, the team's live tokens must leave room for it
+    (``Conflict`` naming ``team`` otherwise)."""
     team_id = await repo.ensure_team(conn, team)
     user_id = await repo.insert_user(conn, team_id, name, str(role))
     if user_id is None:
         raise UserExists(f"user {name!r} already exists in team {team!r}")
+    if limits is not None:
+        await _room_for_one(conn, limits, team_id, team, user_id, f"{team}/{name}", "team")
     token, token_hash = new_token()
     row = await repo.insert_token(
         conn, token_hash, user_id, "default", _expiry(ttl_days), created_by
@@ -215,7 +231,11 @@ async def _reissue(
 
 
 async def create_user(
-    pool: asyncpg.Pool, caller: Caller, request: CreateUserRequest, ttl_days: int | None
+    pool: asyncpg.Pool,
+    caller: Caller,
+    request: CreateUserRequest,
+    ttl_days: int | None,
+    limits: LiveTokens,
 ) -> UserCreated:
     caller.require(Role.ADMIN, "creating users")
     team = request.team or caller.team
@@ -232,7 +252,9 @@ async def create_user(
             except ValueError as exc:
                 raise RequestInvalid.one("team", str(exc)) from None
         try:
-            token, row = await add_user(conn, team, request.name, role, ttl_days, caller.user_id)
+            token, row = await add_user(
+                conn, team, request.name, role, ttl_days, caller.user_id, limits
+            )
         except UserExists as exc:
             raise Conflict(str(exc), field="name", message="a user of this name exists") from None
         await audit.record(
@@ -452,17 +474,24 @@ def _may_manage_tokens_of(caller: Caller, role: str) -> None:
 
 
 async def create_token(
-    pool: asyncpg.Pool, caller: Caller, request: TokenRequest, ttl_days: int | None
+    pool: asyncpg.Pool,
+    caller: Caller,
+    request: TokenRequest,
+    ttl_days: int | None,
+    limits: LiveTokens,
 ) -> TokenCreated:
-    """A new token for the caller itself (viewers included)."""
+    """A new token for the caller itself (viewers included), within ``limits``."""
     async with pool.acquire() as conn, conn.transaction():
-        return await _issue(
-            conn, caller, request.name or "default", request, ttl_days, "create token"
-        )
+        name = request.name or "default"
+        return await _issue(conn, caller, name, request, ttl_days, limits, "create token")
 
 
 async def rotate_token(
-    pool: asyncpg.Pool, caller: Caller, request: TokenRequest, ttl_days: int | None
+    pool: asyncpg.Pool,
+    caller: Caller,
+    request: TokenRequest,
+    ttl_days: int | None,
+    limits: LiveTokens,
 ) -> TokenCreated:
     """A new token replacing the one the caller presented, which is revoked."""
     async with pool.acquire() as conn, conn.transaction():
@@ -473,7 +502,7 @@ async def rotate_token(
                 message="the token presented was revoked meanwhile; no new token was issued",
             )
         name = request.name or caller.token_name
-        return await _issue(conn, caller, name, request, ttl_days, "rotate token")
+        return await _issue(conn, caller, name, request, ttl_days, limits, "rotate token")
 
 
 async def _issue(
@@ -482,16 +511,18 @@ async def _issue(
     name: str,
     request: TokenRequest,
     ttl_days: int | None,
+    limits: LiveTokens,
     action: str,
 ) -> TokenCreated:
-    held = await repo.live_tokens(conn, caller.user_id, datetime.now(UTC))
-    if held >= MAX_LIVE_TOKENS:
-        raise Conflict(
-            f"user {caller.team}/{caller.user} has {held} live tokens, the most a user may "
-            f"have is {MAX_LIVE_TOKENS}: revoke one first (DELETE /v1/tokens/{{id}})",
-            field="Authorization",
-            message=f"the token's user has {held} live tokens, the most a user may have",
-        )
+    await _room_for_one(
+        conn,
+        limits,
+        caller.team_id,
+        caller.team,
+        caller.user_id,
+        f"{caller.team}/{caller.user}",
+        "Authorization",
+    )
     token, token_hash = new_token()
     days = request.expires_in_days or ttl_days
     row = await repo.insert_token(
@@ -516,6 +547,40 @@ async def _issue(
         created_at=row["created_at"],
         expires_at=row["expires_at"],
         token=token,
+    )
+
+
+async def _room_for_one(
+    conn: asyncpg.Connection,
+    limits: LiveTokens,
+    team_id: int,
+    team: str,
+    user_id: int,
+    user: str,
+    field: str,
+) -> None:
+    """``Conflict`` (409, naming ``field``: the token whose user or team is full, or the
+    ``team`` a user is added to) unless the user and its team may hold one more live token.
+    Locks the team's row until the transaction ends (``repo.live_tokens``): the caller
+    inserts the token in the same transaction."""
+    user_held, team_held = await repo.live_tokens(conn, team_id, user_id, datetime.now(UTC))
+    if user_held >= limits.per_user:
+        full = (
+            f"user {user} has {user_held} live tokens, the most a user may have is "
+            f"{limits.per_user}"
+        )
+    elif team_held >= limits.per_team:
+        full = (
+            f"team {team} has {team_held} live tokens, the most a team's users may have "
+            f"together is {limits.per_team}"
+        )
+    else:
+        return
+    raise Conflict(  # "field: message ...", as NameTaken: the CLI's line says it once
+        f"{field}: {full}; revoke one first (DELETE /v1/tokens/{{id}}), or rotate one "
+        "(POST /v1/tokens/rotate)",
+        field=field,
+        message=full,
     )
 
 

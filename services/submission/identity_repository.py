@@ -146,17 +146,26 @@ async def disable_user(conn: asyncpg.Connection, user_id: int, at: datetime) -> 
     )
 
 
-async def live_tokens(conn: asyncpg.Connection, user_id: int, now: datetime) -> int:
-    """How many unrevoked, unexpired tokens the user has; its row is locked first, so two
-    transactions issuing tokens to one user take turns."""
-    await conn.execute("SELECT 1 FROM users WHERE id = $1 FOR UPDATE", user_id)
-    found: int = await conn.fetchval(
-        "SELECT count(*) FROM tokens WHERE user_id = $1 AND revoked_at IS NULL "
-        "AND (expires_at IS NULL OR expires_at > $2)",
+async def live_tokens(
+    conn: asyncpg.Connection, team_id: int, user_id: int, now: datetime
+) -> tuple[int, int]:
+    """How many unrevoked, unexpired tokens of enabled users the user and its whole team
+    hold. The team's row is locked first (``FOR NO KEY UPDATE``, until the transaction
+    ends), so two transactions issuing tokens in one team, on any replica, take turns: the
+    second counts the first's token. It does not hold back what only references the team
+    (a job, a user inserted)."""
+    await conn.execute("SELECT 1 FROM teams WHERE id = $1 FOR NO KEY UPDATE", team_id)
+    row = await conn.fetchrow(
+        """SELECT count(*) FILTER (WHERE k.user_id = $2) AS user_held, count(*) AS team_held
+           FROM tokens k JOIN users u ON u.id = k.user_id
+           WHERE u.team_id = $1 AND u.disabled_at IS NULL AND k.revoked_at IS NULL
+             AND (k.expires_at IS NULL OR k.expires_at > $3)""",
+        team_id,
         user_id,
         now,
     )
-    return found
+    assert row is not None
+    return int(row["user_held"]), int(row["team_held"])
 
 
 async def insert_token(

@@ -13,7 +13,7 @@ import pytest
 from tests.integration.submission.conftest import SPEC, Submission, eventually
 from trainyard_platform.services.submission import identity
 from trainyard_platform.services.submission import identity_repository as identity_repo
-from trainyard_platform.services.submission.identity import MAX_LIVE_TOKENS
+from trainyard_platform.services.submission.config import Settings
 from trainyard_platform.shared.events import nats_subject, parse_envelope
 from trainyard_platform.shared.events.payloads import JobCancelRequested, JobSubmitted
 from trainyard_platform.shared.identity import Role
@@ -537,24 +537,30 @@ async def test_users_and_tokens_come_a_page_at_a_time(submission: Submission) ->
         assert refused.json()["errors"][0]["field"] == next(iter(bad)), refused.text
 
 
-async def test_a_user_holds_at_most_max_live_tokens(submission: Submission) -> None:
+async def test_a_user_holds_at_most_max_live_tokens(
+    submission: Submission, settings: Settings
+) -> None:
     # POST /v1/tokens issued a token whatever the user held already: a loop made any number
-    # of live tokens, each valid on every service. Now one past MAX_LIVE_TOKENS is a 409
-    # saying so; revoking one makes room, and rotating (one for one) still works.
+    # of live tokens, each valid on every service. Now one past live_tokens_per_user (100
+    # by default) is a 409 saying so; revoking one makes room, and rotating (one for one)
+    # still works.
+    most = settings.live_tokens_per_user
     admin = submission.auth()
     me = (await submission.client.get("/v1/me", headers=admin)).json()
-    user_id = await submission.pool.fetchval(
-        "SELECT user_id FROM tokens WHERE id = $1", me["token_id"]
+    user_id, team_id = await submission.pool.fetchrow(
+        "SELECT k.user_id, u.team_id FROM tokens k JOIN users u ON u.id = k.user_id "
+        "WHERE k.id = $1",
+        me["token_id"],
     )
     async with submission.pool.acquire() as conn:
-        held = await identity_repo.live_tokens(conn, user_id, datetime.now(UTC))
-        for n in range(MAX_LIVE_TOKENS - held - 1):  # as if made one by one
+        held, _ = await identity_repo.live_tokens(conn, team_id, user_id, datetime.now(UTC))
+        for n in range(most - held - 1):  # as if made one by one
             await identity_repo.insert_token(conn, f"{n:064x}", user_id, f"t{n}", None, user_id)
     last = await submission.client.post("/v1/tokens", json={"name": "last"}, headers=admin)
     assert last.status_code == 201, last.text
     refused = await submission.client.post("/v1/tokens", json={"name": "more"}, headers=admin)
     assert refused.status_code == 409, refused.text
-    assert f"the most a user may have is {MAX_LIVE_TOKENS}" in refused.json()["detail"]
+    assert f"the most a user may have is {most}" in refused.json()["detail"]
     rotated = await submission.client.post("/v1/tokens/rotate", json={}, headers=admin)
     assert rotated.status_code == 201, rotated.text
     fresh = submission.auth(rotated.json()["token"])

@@ -162,3 +162,26 @@ def test_a_reader_that_goes_away_is_not_an_error() -> None:
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr and "unexpected" not in done.stderr
+
+
+def test_a_token_past_the_live_limit_is_one_line_with_the_limit(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    full = "user ml/ada has 100 live tokens, the most a user may have is 100"
+    refusal = {
+        "detail": f"Authorization: {full}; revoke one first (DELETE /v1/tokens/{{id}}), or "
+        "rotate one "
+        "(POST /v1/tokens/rotate)",
+        "errors": [{"field": "Authorization", "message": full}],
+    }
+
+    def make(base_url: str, token: str, timeout: float = 10, **_: Any) -> TrainyardClient:
+        answer = httpx.MockTransport(lambda _: httpx.Response(409, json=refusal))
+        return TrainyardClient(base_url, token, timeout, transport=answer)
+
+    monkeypatch.setattr(cli, "TrainyardClient", make)
+    monkeypatch.setenv("TRAINYARD_TOKEN", "ty_old")
+    assert cli.main(["token", "create"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == f"trainyard: error: 409 {refusal['detail']}\n"  # the field once
