@@ -3,7 +3,8 @@
 Contract:
 - Every route but ``/healthz`` and ``/readyz`` (the ``/v1`` API and the OpenAPI schema) needs
   ``Authorization: Bearer <token>`` of a user; without a valid one the answer is 401 before
-  anything else is looked at (an app-level guard, so a new route cannot be left open).
+  anything else is looked at (an app-level guard, so a new route cannot be left open), or
+  429 once its client address has failed too often (below).
 - Every error is JSON ``{"detail": ..., "errors": [{"field": ..., "message": ...}]}``
   (``shared.http_errors``): 422 for invalid input (every bad field named, nothing stored),
   401/403/404 as usual, 409 and 429 naming the field they are about and why
@@ -57,6 +58,11 @@ Contract:
   ``Authorization``; a request refused spends nothing, but for a submission under an
   ``Idempotency-Key`` refused for its write, which keeps the read its key's lookup spent.
   The probes are not limited.
+- A request whose token is missing, malformed or refused (401 in the guard) counts against
+  its client's address (the peer's; ``failed_auth``): past ``failed_auth_burst`` of them,
+  refilled at ``failed_auth_rate_per_s``, the address's requests answer 429 with
+  ``Retry-After`` before their token is looked up, but for tokens that authenticated in
+  this process lately, so the users sharing an address with a failing client keep working.
 """
 
 from __future__ import annotations
@@ -95,6 +101,7 @@ from trainyard_platform.services.submission.dashboard import dashboard_routes
 from trainyard_platform.services.submission.data_admission import DataAdmission, RegistryUnavailable
 from trainyard_platform.services.submission.domain import JobStatus
 from trainyard_platform.services.submission.errors import Conflict, Forbidden, NotFound
+from trainyard_platform.services.submission.failed_auth import FailedAuthentications
 from trainyard_platform.services.submission.governance import BUDGET_WARNING_HEADER
 from trainyard_platform.services.submission.group_commit import GroupCommit
 from trainyard_platform.services.submission.identity import Caller
@@ -958,6 +965,7 @@ def caller_guard(
     limits: RateLimits | None = None,
     flavors: Sequence[str] = (),
     known: KnownCallers | None = None,
+    failures: FailedAuthentications | None = None,
 ) -> Guard:
     """The app-level guard: every route but the probes (``shared.access.OPEN_PATHS``),
     the OpenAPI schema included, needs a valid user token; the caller is kept for
@@ -966,7 +974,9 @@ def caller_guard(
     ``governance.Screening`` (``flavors``: the bootstrap list), kept for ``screening_of``;
     on such a route marked ``remembered`` (with ``release_held``), a token ``known``
     remembers is let in on what it remembers, without a query (``known_callers``: the
-    handler checks it all again)."""
+    handler checks it all again). Each of its 401s is counted against the client's address
+    in ``failures`` (``failed_auth``), which answers 429 before any lookup once the address
+    has failed too often."""
     known = KnownCallers() if known is None else known
 
     async def guard(
@@ -975,7 +985,29 @@ def caller_guard(
         if is_open_probe(connection):
             return
         token = presented_token(connection.headers)  # two Authorization headers: nobody's
-        if token is None:
+        token_hash = None if token is None else hash_token(token)
+        if failures is None:
+            await authenticated(connection, handler, token, token_hash)
+            return
+        address = _client_address(connection)
+        refused = failures.refusal(address, token_hash)
+        if refused is not None:
+            raise refused
+        try:
+            await authenticated(connection, handler, token, token_hash)
+        except NotAuthorizedException:
+            failures.failed(address)
+            raise
+        if token_hash is not None:
+            failures.succeeded(token_hash)
+
+    async def authenticated(
+        connection: ASGIConnection[Any, Any, Any, Any],
+        handler: BaseRouteHandler,
+        token: str | None,
+        token_hash: str | None,
+    ) -> None:
+        if token is None or token_hash is None:
             raise NotAuthorizedException(UNAUTHENTICATED)
         # The scope's own dict: ``connection.state`` wraps it in a new ``State`` each time.
         state = connection.scope["state"]
@@ -984,7 +1016,6 @@ def caller_guard(
             # (about as costly as the query itself) per request instead of two. Only on a
             # route with ``release_held``, which gives it back whatever happens next.
             if release_held in (handler.middleware or ()):
-                token_hash = hash_token(token)
                 remembered = known.get(token_hash) if handler.opt.get(_REMEMBERED) else None
                 if _let_in_known(connection, handler, remembered, limits):
                     return
@@ -1006,6 +1037,12 @@ def caller_guard(
         remember(connection, caller.principal)
 
     return guard
+
+
+def _client_address(connection: ASGIConnection[Any, Any, Any, Any]) -> str:
+    """The peer's address: no proxy header is read (there is no trusted-proxy setting)."""
+    client = connection.client
+    return client.host if client is not None else "unknown"
 
 
 _CALLER = "trainyard_caller"
@@ -1193,7 +1230,13 @@ def create_app(settings: Settings, deps: AppDeps) -> Litestar:
             audit_route(deps.pool, "submission"),
             *dashboard_routes(settings),
         ],
-        caller_guard(deps.pool, RateLimits.of(settings), settings.flavors, known),
+        caller_guard(
+            deps.pool,
+            RateLimits.of(settings),
+            settings.flavors,
+            known,
+            FailedAuthentications(settings.failed_auth_rate_per_s, settings.failed_auth_burst),
+        ),
         statuses={NotFound: 404, Forbidden: 403, Conflict: 409, RegistryUnavailable: 503},
         errors=(429,),
         dependencies={

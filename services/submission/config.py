@@ -61,6 +61,13 @@ class Settings(ServiceSettings):
     least ``live_tokens_per_user``), first tokens of new users included: an admin creating
     users does not multiply the team's tokens past it; one more answers 409 naming the
     limit (``POST /v1/tokens``, ``POST /v1/admin/users``)."""
+    failed_auth_rate_per_s: float = Field(default=10.0, gt=0, le=1_000_000)
+    """Requests with a missing, malformed or wrong token one client address may make per
+    second, sustained; past the burst its requests answer 429 with ``Retry-After`` before
+    any token lookup, but for tokens seen valid lately (``failed_auth``)."""
+    failed_auth_burst: int = Field(default=100, ge=1, le=1_000_000)
+    """Refused authentications one client address may have at once before
+    ``failed_auth_rate_per_s`` applies."""
     scheduler_public_url: str | None = None
     """The scheduler's API as browsers reach it (``http://host:port``), for the web
     dashboard's queue and node pages (``GET /ui/config.json``); unset: those pages say the

@@ -6,11 +6,15 @@ Contract:
   at most ``burst`` tokens, starts full and refills at ``rate`` tokens per second.
 - ``take(key)`` spends one token and answers 0.0, or, when the bucket is empty, spends
   nothing and answers the seconds until a token will be there (always > 0).
+- ``wait(key)`` answers what ``take`` would (0.0, or the seconds until a token is there)
+  and spends nothing.
 - ``give_back(key)`` returns the token a ``take`` just spent (a request that another
   bucket refused spends nothing of this one); never past the burst.
 - Memory is bounded: a bucket idle long enough to be full again is forgotten (a fresh one
   is the same), and past ``max_keys`` buckets the least recently used is dropped (that
   caller gets a full bucket again: lenient, never stricter than the limit).
+- The submission API keeps one more limiter by client address: of its refused
+  authentications (``failed_auth``), never of its requests.
 - Pure logic: the clock is injected (``time.monotonic`` by default), nothing awaits, so
   one event loop may share a limiter without locks.
 - A submission under an ``Idempotency-Key`` (a route declared ``replays_as_read()``) may be
@@ -72,7 +76,7 @@ class RateLimiter:
         now = self._clock()
         self._forget_idle(now)
         tokens, counted = self._buckets.pop(key, (float(self.burst), now))
-        tokens = min(float(self.burst), tokens + max(0.0, now - counted) * self.rate)
+        tokens = self._refilled(tokens, counted, now)
         wait = 0.0
         if tokens >= 1.0:
             tokens -= 1.0
@@ -82,6 +86,17 @@ class RateLimiter:
         while len(self._buckets) > self._max_keys:
             self._buckets.popitem(last=False)
         return wait
+
+    def wait(self, key: Hashable) -> float:
+        """What ``take(key)`` would answer now, spending nothing."""
+        counted = self._buckets.get(key)
+        if counted is None:
+            return 0.0
+        tokens = self._refilled(*counted, self._clock())
+        return 0.0 if tokens >= 1.0 else (1.0 - tokens) / self.rate
+
+    def _refilled(self, tokens: float, counted: float, now: float) -> float:
+        return min(float(self.burst), tokens + max(0.0, now - counted) * self.rate)
 
     def give_back(self, key: Hashable) -> None:
         """Return one token to ``key``'s bucket (see the module); nothing when it is gone."""

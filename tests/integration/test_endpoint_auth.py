@@ -273,7 +273,10 @@ async def world(database_url: str, tmp_path: Path) -> AsyncIterator[World]:
             await migrate(pools[name], name, folder)
         tokens = await _credentials(pools["submission"])
         health = ServiceRuntime("test", ServiceSettings()).health_handlers()
-        settings = SubmissionSettings(database=DatabaseSettings())
+        # Thousands of refused credentials come from one address here, each of which must
+        # be its 401: the bound on them per address (a 429 past it) is failed_auth's, tested
+        # in tests/integration/submission/test_failed_auth.py.
+        settings = SubmissionSettings(database=DatabaseSettings(), failed_auth_burst=1_000_000)
         deps = AppDeps(pools["submission"], LocalStore(tmp_path / "objects"), health)
         submission = submission_app(settings, deps)
         ask = httpx.AsyncClient(

@@ -152,3 +152,16 @@ def test_a_write_refused_keeps_the_read_its_lookup_spent() -> None:
     assert refused.value.errors[0].field == "Authorization"
     assert "write requests per second per user" in refused.value.detail
     assert _left(reads) == 2.0
+
+
+def test_wait_says_what_take_would_and_spends_nothing() -> None:
+    clock = Clock()
+    limiter = RateLimiter(rate=2, burst=2, clock=clock)
+    assert limiter.wait("a") == 0.0  # no bucket yet: a full one
+    limiter.take("a")
+    assert [limiter.wait("a") for _ in range(3)] == [0.0] * 3
+    limiter.take("a")
+    assert limiter.wait("a") == pytest.approx(0.5) == limiter.take("a")
+    clock.now += 0.5
+    assert limiter.wait("a") == 0.0
+    assert limiter.take("a") == 0.0

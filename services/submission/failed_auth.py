@@ -1,0 +1,92 @@
+"""Requests whose token is missing or wrong, bounded per client address before any lookup.
+
+Every request with a token costs a database lookup (``identity.authenticate``); one whose
+token is missing, malformed, wrong, revoked or expired, or whose user is disabled, is
+refused (401) before the rate limits of ``ratelimit``, which are keyed by the user it has
+not got. So a client sending garbage tokens cost a lookup each, without bound.
+
+Contract:
+- ``failed(address)`` counts a refused authentication (each 401 of the guard) against the
+  client address, in a ``ratelimit.RateLimiter`` of ``failed_auth_rate_per_s`` and
+  ``failed_auth_burst`` (one mechanism with the users' limits: the same buckets, forgotten
+  the same way, bounded in memory the same way).
+- ``refusal(address, token_hash)``: None, or the 429 (``Retry-After``, in the shared error
+  shape, naming ``Authorization``) a request gets before its token is looked up, once its
+  address's bucket is empty. It spends nothing: a request so refused is not counted again.
+- A token that authenticated in this process within ``VOUCHED_FOR_S`` (``succeeded``) is
+  never so refused, from any address: the address is the peer's (the service has no
+  trusted-proxy setting, so ``X-Forwarded-For`` is not read), and many users may share one
+  (a proxy in front, a NAT, and the scheduler, registry and billing, which ask ``/v1/me``
+  with every user's token), so one client's failures must not lock out the users it
+  shares an address with. Those users' tokens, once seen, keep working; a token first
+  seen from an address while it is refused waits as its failures do.
+- Only token hashes are kept, at most ``max_vouched`` (the least recently seen go first,
+  and any unseen for ``VOUCHED_FOR_S``); never a token.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+
+from trainyard_platform.services.submission.ratelimit import DEFAULT_MAX_KEYS, RateLimiter
+from trainyard_platform.shared.http_errors import RateLimited
+
+VOUCHED_FOR_S = 900.0
+"""How long a token's success lets it past its address's refusal (15 minutes)."""
+
+
+class FailedAuthentications:
+    """Refused authentications per client address, and the tokens seen valid (see the
+    module)."""
+
+    def __init__(
+        self,
+        rate: float,
+        burst: int,
+        clock: Callable[[], float] = time.monotonic,
+        max_vouched: int = DEFAULT_MAX_KEYS,
+    ) -> None:
+        self.limiter = RateLimiter(rate, burst, clock)
+        self._clock = clock
+        self._max_vouched = max_vouched
+        self._vouched: OrderedDict[str, float] = OrderedDict()
+        """token hash -> when it last authenticated, least recently first."""
+
+    def refusal(self, address: str, token_hash: str | None) -> RateLimited | None:
+        """The 429 of a request from ``address`` with ``token_hash`` (None: no usable token)
+        before its lookup, or None (see the module)."""
+        wait = self.limiter.wait(address)
+        if wait <= 0 or (token_hash is not None and self._seen(token_hash)):
+            return None
+        retry = max(1, math.ceil(wait))
+        limit = f"{self.limiter.rate:g} per second (bursts of {self.limiter.burst})"
+        return RateLimited(
+            "too many requests with a missing or wrong token from this client address: at "
+            f"most {limit}; retry after {retry} s",
+            retry_after=retry,
+            field="Authorization",
+            message=f"too many refused tokens from this client address: at most {limit}",
+        )
+
+    def failed(self, address: str) -> None:
+        """Count a refused authentication of ``address``."""
+        self.limiter.take(address)
+
+    def succeeded(self, token_hash: str) -> None:
+        """``token_hash`` authenticated just now."""
+        self._vouched.pop(token_hash, None)
+        self._vouched[token_hash] = self._clock()
+        while len(self._vouched) > self._max_vouched:
+            self._vouched.popitem(last=False)
+
+    def _seen(self, token_hash: str) -> bool:
+        now = self._clock()
+        while self._vouched:  # least recently seen first: stop at the first still fresh
+            oldest, at = next(iter(self._vouched.items()))
+            if now - at < VOUCHED_FOR_S:
+                break
+            del self._vouched[oldest]
+        return token_hash in self._vouched

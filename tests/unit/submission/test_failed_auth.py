@@ -1,0 +1,64 @@
+"""Refused authentications per client address (``failed_auth``), with a fake clock: past
+the burst an address is refused before any lookup, but for tokens seen valid lately; other
+addresses are not held back."""
+
+from __future__ import annotations
+
+from trainyard_platform.services.submission.failed_auth import (
+    VOUCHED_FOR_S,
+    FailedAuthentications,
+)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+GOOD, BAD = "a" * 64, "b" * 64
+
+
+def test_past_the_burst_an_address_is_refused_with_retry_after_until_it_refills() -> None:
+    clock = Clock()
+    failures = FailedAuthentications(rate=0.5, burst=3, clock=clock)
+    for _ in range(3):
+        assert failures.refusal("10.0.0.1", BAD) is None
+        failures.failed("10.0.0.1")
+    refused = failures.refusal("10.0.0.1", BAD)
+    assert refused is not None
+    assert (refused.status, refused.headers) == (429, {"Retry-After": "2"})
+    assert "at most 0.5 per second (bursts of 3)" in refused.detail
+    assert [e.field for e in refused.errors] == ["Authorization"]
+    assert failures.refusal("10.0.0.1", None) is not None  # no token at all: the same
+    assert failures.refusal("10.0.0.1", BAD) is not None  # a refusal spends nothing more
+    assert failures.refusal("10.0.0.2", BAD) is None  # another address is not held back
+    clock.now += 2
+    assert failures.refusal("10.0.0.1", BAD) is None
+
+
+def test_a_token_seen_valid_lately_passes_its_address_refusal() -> None:
+    clock = Clock()
+    failures = FailedAuthentications(rate=1, burst=1, clock=clock, max_vouched=2)
+    failures.succeeded(GOOD)
+    failures.failed("proxy")
+    assert failures.refusal("proxy", BAD) is not None
+    assert failures.refusal("proxy", GOOD) is None  # a user behind the same proxy
+    clock.now += VOUCHED_FOR_S - 1
+    failures.failed("proxy")
+    assert failures.refusal("proxy", GOOD) is None
+    clock.now += 1  # unseen for VOUCHED_FOR_S: forgotten
+    failures.failed("proxy")
+    assert failures.refusal("proxy", GOOD) is not None
+
+
+def test_only_the_most_recently_seen_tokens_are_kept() -> None:
+    clock = Clock()
+    failures = FailedAuthentications(rate=1, burst=1, clock=clock, max_vouched=2)
+    for token in ("1" * 64, "2" * 64, "3" * 64):
+        failures.succeeded(token)
+    failures.failed("x")
+    assert failures.refusal("x", "1" * 64) is not None
+    assert failures.refusal("x", "3" * 64) is None
