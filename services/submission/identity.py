@@ -64,10 +64,10 @@ from trainyard_platform.shared.identity import Principal, Role
 @dataclass(frozen=True)
 class LiveTokens:
     """The most live (unrevoked, unexpired) tokens a user, and a team's users together, may
-    hold (see the module)."""
+    hold (see the module); the settings ``live_tokens_per_user`` and ``_per_team``."""
 
-    per_user: int = 100
-    per_team: int = 1000
+    per_user: int
+    per_team: int
 
 
 @dataclass(frozen=True)
