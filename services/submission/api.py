@@ -1040,7 +1040,9 @@ def caller_guard(
 
 
 def _client_address(connection: ASGIConnection[Any, Any, Any, Any]) -> str:
-    """The peer's address: no proxy header is read (there is no trusted-proxy setting)."""
+    """The client's address as uvicorn gives it: the TCP peer's, or, when the peer is one of
+    ``FORWARDED_ALLOW_IPS`` (uvicorn's own variable; loopback only by default), the address
+    its ``X-Forwarded-For`` names. No other header is read."""
     client = connection.client
     return client.host if client is not None else "unknown"
 
