@@ -565,17 +565,20 @@ def prune_earlier_attempts(
     - it is not one of the ``keep - 1`` newest (by step, then attempt) of those folders
       that have a manifest (``resumed`` counts as the first of the job's ``keep``). A folder
       without a manifest was never reported committed, so no grant or registration can
-      name it: it is deleted and not counted.
+      name it: it is deleted and not counted;
+    - it is not the newest folder with a manifest of its attempt: an earlier attempt may be
+      lost, not dead, and still running after it stopped saving (later attempts got further
+      meanwhile); its late success registers its last checkpoint, which its end marks
+      succeeded only then. Nothing here tells a dead attempt from a lost one, so each earlier
+      attempt keeps its newest, one folder per attempt at most (the registry's collector
+      keeps the same while the job may still succeed).
     Unlike ``apply_retention`` this reads the store's listing (nothing else says which
     folders earlier attempts left, and an attempt that died never pruned its own). A
     folder another node forged there can therefore take one of the ``keep - 1`` places, or
     be deleted: it never protects or costs ``resumed`` or anything newer than it, and
-    every delete stays within the job's own prefix. A folder already gone (another pruner,
-    the registry's collector) is no error.
-
-    Left open: an earlier attempt still running (lost, not dead) whose last checkpoint is
-    older than ``resumed`` (later attempts got further while it saved no more) loses that
-    checkpoint here before its end can mark it succeeded."""
+    every delete stays within the job's own prefix (a forged folder of an earlier attempt
+    number can keep one folder of that attempt at most). A folder already gone (another
+    pruner, the registry's collector) is no error."""
     if keep < 1:
         raise ValueError(f"keep must be at least 1, not {keep}")
     resumed_key = committed_key(store, resumed)
@@ -603,10 +606,21 @@ def prune_earlier_attempts(
     ]
     reported = sorted((step, of, folder) for step, of, folder, done in earlier if done)
     kept = {folder for _, _, folder in reported[max(0, len(reported) - (keep - 1)) :]}
+    kept |= _newest_of_each_attempt(folders)
     doomed = sorted(folder for _, _, folder, _ in earlier if folder not in kept)
     for folder in doomed:
         delete_folder(store, folder)
     return len(doomed)
+
+
+def _newest_of_each_attempt(folders: dict[str, tuple[int, int, bool]]) -> set[str]:
+    """The newest folder with a manifest of each attempt of ``folders`` (folder: its step,
+    attempt and whether it has one), by step, then name."""
+    newest: dict[int, tuple[int, str]] = {}
+    for folder, (step, of, complete) in folders.items():
+        if complete and (step, folder) > newest.get(of, (-1, "")):
+            newest[of] = (step, folder)
+    return {folder for _, folder in newest.values()}
 
 
 def delete_folder(store: ObjectStore, folder: str) -> None:

@@ -431,7 +431,8 @@ def test_an_attempt_prunes_the_checkpoints_earlier_attempts_left(tmp_path: Path)
     what attempts 1 and 2 left (attempt 1 died without pruning; attempt 2 pruned only its
     own) stayed in the store for good, one set per restart. Attempt 3, resuming from step
     9, keeps that one and the job's ``keep - 1`` newest older ones, and deletes the rest of
-    its predecessors' (an object left without a manifest too)."""
+    its predecessors' (an object left without a manifest too), but for attempt 1's newest
+    complete one: attempt 1 may be lost and still running (below)."""
     staging, store = tmp_path / "staging", LocalStore(tmp_path / "store")
     for step in (1, 2, 3, 4):
         _commit(store, staging, step, attempt=1)
@@ -440,8 +441,13 @@ def test_an_attempt_prunes_the_checkpoints_earlier_attempts_left(tmp_path: Path)
         _commit(store, staging, step, attempt=2)
     resumed = _commit(store, staging, 9, attempt=2)
 
-    assert prune_earlier_attempts(store, 3, resumed, keep=3) == 6
-    assert _folders(store) == ["step-00000007-a0002", "step-00000008-a0002", "step-00000009-a0002"]
+    assert prune_earlier_attempts(store, 3, resumed, keep=3) == 5
+    assert _folders(store) == [
+        "step-00000004-a0001",
+        "step-00000007-a0002",
+        "step-00000008-a0002",
+        "step-00000009-a0002",
+    ]
     assert store.list("step-00000009-a0002/") == [
         "step-00000009-a0002/checkpoint.pt",
         "step-00000009-a0002/manifest.json",
@@ -477,8 +483,9 @@ def test_the_prune_never_touches_newer_steps_this_or_later_attempts(tmp_path: Pa
 def test_the_prune_reads_the_older_layout_and_tolerates_vanished_objects(
     tmp_path: Path,
 ) -> None:
-    """Folders of the older layout (``step-<n>/``) are of attempt 0; an object deleted
-    meanwhile (by the registry's collector, another attempt's prune) is no error."""
+    """Folders of the older layout (``step-<n>/``) are of attempt 0 (whose newest stays, as
+    every earlier attempt's); an object deleted meanwhile (by the registry's collector,
+    another attempt's prune) is no error."""
     staging, store = tmp_path / "staging", LocalStore(tmp_path / "store")
     for step in (1, 2):
         _commit(store, staging, step, attempt=1)
@@ -495,8 +502,38 @@ def test_the_prune_reads_the_older_layout_and_tolerates_vanished_objects(
         return keys
 
     store.list = list_then_lose  # type: ignore[method-assign]
-    assert prune_earlier_attempts(store, 2, resumed, keep=1) == 2
-    assert _folders(store) == ["step-00000003-a0001"]
+    assert prune_earlier_attempts(store, 2, resumed, keep=1) == 1
+    assert _folders(store) == ["step-00000002", "step-00000003-a0001"]
+
+
+def test_the_prune_keeps_the_last_checkpoint_of_a_lost_attempt_still_running(
+    tmp_path: Path,
+) -> None:
+    """Attempt 1 was lost after saving step 2 and runs on without saving more; attempts 2
+    and 3 got to step 6 meanwhile. Attempt 4's prune (keep 2) kept only the newest older
+    folder, step 5, and deleted step 2: attempt 1's late success, which the scheduler keeps,
+    then marked a folder without its checkpoint and registered nothing. Each earlier
+    attempt's newest complete folder stays (attempt 2's too: it may be lost as well)."""
+    staging, store = tmp_path / "staging", LocalStore(tmp_path / "store")
+    _commit(store, staging, 1, attempt=1)
+    last = _commit(store, staging, 2, attempt=1)  # what attempt 1's success registers
+    _commit(store, staging, 3, attempt=2)
+    _commit(store, staging, 4, attempt=2)
+    _commit(store, staging, 5, attempt=3)
+    resumed = _commit(store, staging, 6, attempt=3)
+
+    assert prune_earlier_attempts(store, 4, resumed, keep=2) == 2
+    assert _folders(store) == [
+        "step-00000002-a0001",
+        "step-00000004-a0002",
+        "step-00000005-a0003",
+        "step-00000006-a0003",
+    ]
+    assert store.list("step-00000002-a0001/") == [
+        "step-00000002-a0001/checkpoint.pt",
+        "step-00000002-a0001/manifest.json",
+    ]
+    assert last.uri.endswith("step-00000002-a0001/checkpoint.pt")
 
 
 def test_the_prune_deletes_nothing_for_a_resume_outside_the_prefix(tmp_path: Path) -> None:
