@@ -11,9 +11,12 @@ A pass (``StorageCollector.collect_once``):
 2. lists the store's ``jobs/`` and ``registry/`` keys — *before* reading the references, so
    an object written during the pass is either not listed or listed and then looked up;
 3. reads the references (recorded checkpoints, live versions' artifacts and lineage
-   parents, running jobs' resume points and each of their attempts' latest checkpoint, the
-   jobs running) and plans what is deletable (a running job's folders that hold the
-   runner's retention marks stay: ``collector_plan``);
+   parents, running jobs' resume points, each attempt's latest checkpoint of a job running
+   or failed, the jobs running) and plans what is deletable (a running job's folders that
+   hold the runner's retention marks stay: ``collector_plan``). A failed job's attempts
+   keep their latest because a late success can still replace that failure, however long
+   after (the scheduler keeps the success of a node it had declared lost: docs/events.md,
+   "A late success"), and it registers that attempt's last checkpoint;
 4. marks each deletable key with when it was first seen deletable (``storage_marks``) and
    drops the marks of keys that are no longer deletable or gone;
 5. reads the references again and deletes only keys deletable in both readings and marked
@@ -245,7 +248,7 @@ class StorageCollector:
                    WHERE t.status = 'running' AND r.resumed_from IS NOT NULL
                    UNION (SELECT DISTINCT ON (c.allocation_id) c.uri FROM checkpoints c
                           JOIN tracked_jobs t ON t.job_id = c.job_id
-                          WHERE t.status = 'running'
+                          WHERE t.status IN ('running', 'failed')
                           ORDER BY c.allocation_id, c.step DESC, c.saved_at DESC)"""
             )
             running = await conn.fetch("SELECT job_id FROM tracked_jobs WHERE status = 'running'")

@@ -12,7 +12,8 @@ Contract of ``plan``:
   checkpoints (highest step, then the latest saved: a running job's latest committed
   checkpoint is always among them), or when ``References.protected`` names an object in it
   (a live model version's artifact or lineage parent, a checkpoint a running job resumed
-  from, a running job's latest of each attempt), or when it holds one of the runner's
+  from, the latest of each attempt of a job running or failed: a late success can still
+  replace a failure), or when it holds one of the runner's
   retention marks (``resumed-a<k>``, ``succeeded-a<k>``: docs/architecture.md, "Checkpoint
   retention") and its job is running in the registry's records (``References.running``):
   the checkpoint a newer attempt resumes from before its start is heard, and a success's
@@ -61,8 +62,9 @@ class References:
     protected: set[str] = field(default_factory=set)
     """Keys that must stay: live versions' artifacts (registry copies, or a job's checkpoint
     for versions registered before copies), their lineage's parent checkpoints, and the
-    checkpoints running jobs resumed from, and each attempt's latest of a running job (what
-    a success of that attempt registers, heard or not)."""
+    checkpoints running jobs resumed from, and each attempt's latest of a job running or
+    failed (what a success of that attempt registers, heard or not, a late one replacing
+    the failure included)."""
     running: set[str] = field(default_factory=set)
     """The jobs started and not ended in the registry's records: their folders' retention
     marks count."""

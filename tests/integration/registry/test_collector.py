@@ -28,10 +28,14 @@ from tests.integration.registry.modelkit import (
 from tests.integration.registry.test_registry import T0, ref, spec, started, succeeded
 from trainyard_platform.deploy.local.s3 import S3Server
 from trainyard_platform.services.registry.collector import StorageCollector
+from trainyard_platform.services.registry.handlers import RegistryHandlers
 from trainyard_platform.services.registry.service import NAME
 from trainyard_platform.services.registry.uploads import S3Uploads
+from trainyard_platform.shared.bus import Delivery
 from trainyard_platform.shared.db import open_pool
-from trainyard_platform.shared.events.payloads import CheckpointSaved, JobCancelled
+from trainyard_platform.shared.events import Envelope, Payload
+from trainyard_platform.shared.events.payloads import CheckpointSaved, JobCancelled, JobFailed
+from trainyard_platform.shared.events.trust import SCHEDULER, routing_key_of
 from trainyard_platform.shared.settings import DatabaseSettings
 from trainyard_platform.shared.storage import ObjectStore, S3Store
 from trainyard_platform.shared.storage.local import LocalStore
@@ -172,6 +176,67 @@ async def test_a_running_jobs_late_success_and_marked_resume_point_outlive_its_r
         clock.now += GRACE * 2
     # Step 1 stays as the version's lineage parent (attempt 1 resumed from it).
     assert before - set(store.list("jobs/")) == folder_keys_before(before, job, (2, 3))
+
+
+async def test_a_late_success_heard_days_after_the_failure_finds_its_checkpoint(
+    pool: asyncpg.Pool, database: DatabaseSettings, store: ObjectStore
+) -> None:
+    """Attempt 0 was declared lost after its step 2; attempt 1 resumed from it, saved steps 3
+    to 5, and the job failed for good. Days later attempt 0's node is heard again with its
+    success, which the scheduler keeps: it registers attempt 0's last checkpoint, step 2.
+    The collector had freed step 2 a grace after the failure (beyond the newest 2, its
+    resume no longer protected): the success registered nothing. A failed job keeps the
+    latest of each attempt until a late success (or never) ends it otherwise."""
+    job = (await job_with_checkpoints(pool, store, [])).id
+    for step in (1, 2):
+        await commit_checkpoint(pool, store, job, step)  # attempt 0 (alloc-<job>, epoch 1)
+    second = f"alloc1-{job}"
+    await apply(pool, store, job, started(job, second, 1, spec(), ref(store, job, 2).uri))
+    for step in (3, 4, 5):
+        checkpoint = ref(store, job, step)
+        store.put_bytes(checkpoint.manifest_uri.rpartition(f"{store.root_uri}/")[2], b"{}")
+        saved = CheckpointSaved(
+            job_id=job, allocation_id=second, epoch=2, checkpoint=checkpoint, saved_at=T0
+        )
+        await apply(pool, store, job, saved)
+    final = JobFailed(
+        job_id=job,
+        allocation_id=second,
+        node_id="node-a",
+        epoch=2,
+        finished_at=T0 + timedelta(hours=2),
+        exit_code=1,
+        reason="exit 1",
+    )
+    await as_the_scheduler(pool, store, final)
+    async with pool.acquire() as conn:
+        assert await conn.fetchval("SELECT status FROM tracked_jobs WHERE job_id = $1", job) == (
+            "failed"
+        )
+    clock = Clock()
+    collector = StorageCollector(pool, database, store, keep=2, grace=GRACE, clock=clock)
+    before = set(store.list("jobs/"))
+    for _ in range(3):  # days after the failure
+        await collector.collect_once()
+        clock.now += timedelta(days=1)
+    # Freed: all but the newest 2 and each attempt's last (step 2 of attempt 0).
+    assert before - set(store.list("jobs/")) == folder_keys_before(before, job, (1, 3))
+
+    await as_the_scheduler(pool, store, succeeded(job, f"alloc-{job}", ref(store, job, 2)))
+    async with pool.acquire() as conn:
+        registered = await conn.fetchrow(
+            "SELECT artifact_step, artifact_key FROM model_versions WHERE job_id = $1", job
+        )
+        status = await conn.fetchval("SELECT status FROM tracked_jobs WHERE job_id = $1", job)
+    assert registered is not None and registered["artifact_step"] == 2
+    assert store.exists(registered["artifact_key"]) and status == "succeeded"
+
+
+async def as_the_scheduler(pool: asyncpg.Pool, store: ObjectStore, payload: Payload) -> None:
+    """``payload`` as the scheduler says it on a runner's behalf (its final ``job.failed``,
+    the ``job.succeeded`` of a late success it kept)."""
+    envelope = Envelope.wrap(payload, source=SCHEDULER, subject=routing_key_of(payload))
+    await RegistryHandlers(store).consumer(pool)([Delivery(envelope)])
 
 
 def folder_keys_before(before: set[str], job_id: str, steps: tuple[int, ...]) -> set[str]:
