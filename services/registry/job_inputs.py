@@ -15,8 +15,12 @@ Contract:
   ``ended`` marks it ended when the job ends (succeeded, failed for good,
   cancelled); until then its parent version cannot be deleted (``models.delete_version``).
   A parent deleted before the registry heard of the job (between submission's check and
-  its ``job.submitted``) is recorded as its tombstone, logged at WARNING (by name, only
-  while its model is not deleted). Deliveries need not
+  its ``job.submitted``) is recorded as its tombstone (the edge stays true: the job was
+  admitted as its child), and, unless the job has ended already, the registry puts a
+  ``job.cancel_requested`` for it in its outbox (said on submission's behalf,
+  ``trust``), whose reason names the deleted version: the scheduler cancels the job, queued
+  or running, and the job's status says why, rather than the job failing when it fetches
+  a parent that is gone. Logged at WARNING. Deliveries need not
   come in order: a job that ended before any event naming its parent was handled (its end
   is kept in ``jobs_ended_unheard`` when none of its starts was handled, which records the
   parent; ``retention`` deletes it after the event stream's horizon) has that parent
@@ -42,9 +46,15 @@ from trainyard_platform.services.registry import model_grants, references
 from trainyard_platform.services.registry import model_repository as models_repo
 from trainyard_platform.services.registry import repository as repo
 from trainyard_platform.services.registry.domain import ModelVersion
-from trainyard_platform.shared.events.payloads import JobSpec, JobStarted
+from trainyard_platform.shared import outbox
+from trainyard_platform.shared.events import Envelope
+from trainyard_platform.shared.events.payloads import JobCancelRequested, JobSpec, JobStarted
+from trainyard_platform.shared.events.trust import REGISTRY
 
 log = logging.getLogger(__name__)
+
+CANCELLED_BY = "registry"
+"""``user`` of the cancel request the registry says for a job whose parent is gone."""
 
 
 async def record(conn: asyncpg.Connection, started: JobStarted, now: datetime) -> None:
@@ -103,22 +113,36 @@ async def record_parent(
             "" if admitted is None else f" (version id {admitted})",
         )
         return
-    if parent.deleted_at is not None:
-        log.warning(
-            "job %s of team %s: its parent model %s was deleted before the registry heard of "
-            "the job; it fine-tunes from a deleted version (recorded as its tombstone's child)",
-            job_id,
-            team,
-            text,
-        )
+    ended_at = await conn.fetchval(
+        "SELECT ended_at FROM jobs_ended_unheard WHERE job_id = $1", job_id
+    )
+    if parent.deleted_at is not None and ended_at is None:
+        await _cancel_orphan(conn, job_id, spec, parent)
     await conn.execute(
         """INSERT INTO job_parents (job_id, parent_version_id, recorded_at, ended_at)
-           VALUES ($1, $2, $3, (SELECT ended_at FROM jobs_ended_unheard WHERE job_id = $1))
-           ON CONFLICT (job_id) DO NOTHING""",
+           VALUES ($1, $2, $3, $4) ON CONFLICT (job_id) DO NOTHING""",
         job_id,
         uuid.UUID(parent.id),
         now,
+        ended_at,
     )
+
+
+async def _cancel_orphan(
+    conn: asyncpg.Connection, job_id: str, spec: JobSpec, parent: ModelVersion
+) -> None:
+    """Ask the scheduler to cancel ``job_id``, whose parent version was deleted between its
+    admission and the registry hearing of it: it cannot fine-tune from a version whose
+    artifact is gone, and waiting for its own fetch to fail explains nothing."""
+    named = f"{parent.team}/{parent.model_name}:{parent.version}"
+    reason = (
+        f"its parent model version {named} was deleted after the job was admitted, before "
+        "the registry heard of the job, so there is nothing to fine-tune from; submit it "
+        "again naming a version that exists"
+    )
+    log.warning("job %s of team %s: %s; cancelling it", job_id, spec.team, reason)
+    request = JobCancelRequested(job_id=job_id, team=spec.team, user=CANCELLED_BY, reason=reason)
+    await outbox.enqueue(conn, Envelope.wrap(request, source=REGISTRY, subject=job_id))
 
 
 async def _admitted(

@@ -6,8 +6,11 @@ dead-lettered as forged and changes nothing. The bus's own permissions (each ser
 publish only its subjects) keep a service from sending a type outside its row; this table
 keeps it from claiming another service's identity inside the payload. Events the scheduler
 says on a runner's behalf (``job.preempted``, ``job.failed``, and ``job.succeeded`` for a
-late success it kept) are the only types with two allowed sources; they travel on a subject of their own (``nats_subject_for``:
-``<type>.by-scheduler``) that only the scheduler may publish, and a consumer believes an
+late success it kept), and the ``job.cancel_requested`` the registry says on submission's
+behalf (a job whose parent model version was deleted before the registry heard of it), are
+the only types with two allowed sources; they travel on a subject of their own
+(``nats_subject_for``: ``<type>.by-scheduler``, ``<type>.by-registry``) that only that
+delegate may publish, and a consumer believes an
 event only on the subject its type, source and routing key give (``forged_because`` with
 ``subject``), so a runner cannot pass its own report off as the scheduler's decision. Nor
 is an event believed whose payload is about another node or job than it is routed to
@@ -64,7 +67,9 @@ BILLING = "trainyard/billing"
 _TABLE: tuple[tuple[type[Payload], str, frozenset[str]], ...] = (
     # (type, its owner, others that may say it on the owner's behalf)
     (JobSubmitted, SUBMISSION, frozenset()),
-    (JobCancelRequested, SUBMISSION, frozenset()),
+    # The registry asks to cancel a job whose parent model version was deleted between
+    # its admission and the registry hearing of it (registry.job_inputs).
+    (JobCancelRequested, SUBMISSION, frozenset({REGISTRY})),
     (AllocationGranted, SCHEDULER, frozenset()),
     (AllocationRevoked, SCHEDULER, frozenset()),
     (AllocationReleased, SCHEDULER, frozenset()),

@@ -63,6 +63,7 @@ from trainyard_platform.shared.events.payloads import (
     CheckpointRef,
     CheckpointSaved,
     CostRecorded,
+    JobCancelRequested,
     JobFailed,
     JobPreempted,
     JobProgress,
@@ -317,14 +318,22 @@ async def test_only_the_scheduler_may_create_or_change_the_streams(server: NatsS
         (
             "submission",
             None,
-            [_subject(JobSubmitted)],
-            [_subject(CostRecorded), _subject(AllocationGranted, NODE_A)],
+            [_subject(JobSubmitted), _subject(JobCancelRequested)],
+            [
+                _subject(CostRecorded),
+                _subject(AllocationGranted, NODE_A),
+                _subject(JobCancelRequested, "by-registry"),  # the registry's, for a lost parent
+            ],
         ),
         (
             "registry",
             None,
-            ["trainyard.model.registered.v1.job-1"],
-            [_subject(AllocationGranted, NODE_A), _subject(CostRecorded)],
+            ["trainyard.model.registered.v1.job-1", _subject(JobCancelRequested, "by-registry")],
+            [
+                _subject(AllocationGranted, NODE_A),
+                _subject(CostRecorded),
+                _subject(JobCancelRequested),  # submission's subject: only its delegate's
+            ],
         ),
     ],
 )

@@ -18,8 +18,10 @@ from tests.integration.registry.test_registry import T0, ref, spec, started, suc
 from trainyard_platform.shared.events.payloads import (
     AllocationGranted,
     JobCancelled,
+    JobCancelRequested,
     JobSubmitted,
 )
+from trainyard_platform.shared.events.trust import REGISTRY, forged_because, nats_subject_for
 from trainyard_platform.shared.storage import ObjectStore
 
 pytestmark = pytest.mark.integration
@@ -159,3 +161,70 @@ async def test_a_job_s_parent_is_the_version_admitted_not_one_made_again_under_i
     async with app_as(pool, store, VISION) as vision:
         gone = await vision.delete(f"/v1/models/vision/{base}/versions/1")
         assert gone.status_code == 200, gone.text
+
+
+async def test_a_job_whose_parent_was_deleted_before_the_registry_heard_of_it_is_cancelled(
+    pool: asyncpg.Pool, store: ObjectStore
+) -> None:
+    """Submission admits a job fine-tuning from ``vision/base:1`` (its id pinned); the
+    version is deleted before the registry hears the job's ``job.submitted``, so nothing
+    held it. Before, the registry recorded the job as the tombstone's child and logged it:
+    the job was scheduled, ran, and failed when it fetched a parent that was gone, or
+    trained from nothing its lineage could name. The registry now asks for the job's
+    cancellation (``job.cancel_requested``, on its own subject, which the bus believes of
+    the registry alone), the reason naming the deleted version; once. A job that had ended
+    already is left alone."""
+    tag = uuid.uuid4().hex[:6]
+    base = f"base-{tag}"
+    await run_job(pool, store, base)
+    async with pool.acquire() as conn:
+        admitted = await conn.fetchval(
+            "SELECT v.id FROM model_versions v JOIN models m ON m.id = v.model_id "
+            "WHERE m.team = 'vision' AND m.name = $1 AND v.version = 1",
+            base,
+        )
+    tuned = spec(f"tuned-{tag}").model_copy(
+        update={"parent_model": f"vision/{base}:1", "parent_model_version_id": str(admitted)}
+    )
+    async with app_as(pool, store, VISION) as vision:
+        assert (await vision.delete(f"/v1/models/vision/{base}/versions/1")).status_code == 200
+    orphan, ended = str(uuid.uuid4()), str(uuid.uuid4())
+    await apply(pool, store, ended, JobCancelled(job_id=ended, reason="by alice"))
+    for job in (orphan, ended):
+        submitted = JobSubmitted(job_id=job, spec=tuned, submitted_at=T0)
+        await apply(pool, store, job, submitted)
+        await apply(pool, store, job, submitted.model_copy())  # heard again: asked once
+    grant = AllocationGranted(
+        allocation_id=f"a-{orphan}",
+        job_id=orphan,
+        node_id="node-a",
+        gpu_indices=[0],
+        epoch=1,
+        attempt=0,
+        granted_at=T0,
+        spec=tuned,
+    )
+    await apply(pool, store, orphan, grant)
+
+    rows = await pool.fetch(
+        "SELECT subject, convert_from(body, 'UTF8')::jsonb AS event FROM outbox "
+        "WHERE convert_from(body, 'UTF8')::jsonb->>'type' = $1 ORDER BY seq",
+        JobCancelRequested.TYPE,
+    )
+    asked = [r for r in rows if r["event"]["data"]["job_id"] in (orphan, ended)]
+    assert [r["event"]["data"]["job_id"] for r in asked] == [orphan]
+    (request,) = asked
+    event = request["event"]
+    assert event["source"] == REGISTRY and event["data"]["team"] == "vision"
+    assert event["data"]["reason"].startswith(
+        f"its parent model version vision/{base}:1 was deleted after the job was admitted"
+    )
+    subject = nats_subject_for(event["type"], event["source"], event["subject"])
+    assert subject == f"{JobCancelRequested.TYPE}.by-registry"
+    assert forged_because(event["type"], REGISTRY, subject=subject, routing_key=orphan) is None
+    # The edge stays the tombstone's: the job was admitted as that version's child.
+    async with pool.acquire() as conn:
+        parent = await conn.fetchval(
+            "SELECT parent_version_id FROM job_parents WHERE job_id = $1", orphan
+        )
+    assert parent == admitted

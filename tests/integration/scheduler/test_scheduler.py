@@ -51,7 +51,7 @@ from trainyard_platform.shared.events.payloads import (
     RunnerHeartbeat,
 )
 from trainyard_platform.shared.events.payloads import Environment as RunEnvironment
-from trainyard_platform.shared.events.trust import owner
+from trainyard_platform.shared.events.trust import REGISTRY, owner
 from trainyard_platform.shared.inbox import idempotent_batches
 from trainyard_platform.shared.logs import trace_fields
 from trainyard_platform.shared.telemetry import instrument_database
@@ -457,6 +457,28 @@ async def test_lost_node_requeues_its_jobs_elsewhere(scheduler: Scheduler) -> No
     assert failed.reason == "node_lost: node lost; max restarts (1) reached after 2 attempts"
     assert (failed.failure_kind, failed.allocation_id) == ("node_lost", regrant.allocation_id)
     assert (await job_row(scheduler.pool, "job-1"))["status"] == "FAILED"
+
+
+async def test_the_registrys_cancel_of_a_job_whose_parent_is_gone_cancels_it(
+    scheduler: Scheduler,
+) -> None:
+    """The registry asks to cancel a job whose parent model version was deleted before it
+    heard of the job (``registry.job_inputs``), on its own subject (``.by-registry``): the
+    scheduler believes it as submission's own request, and the job ends cancelled with the
+    registry's reason, not scheduled to fail at its first fetch."""
+    await scheduler.heartbeat("n1", gpus=1)
+    await scheduler.submit("job-1", gpus=1)
+    await scheduler.submit("job-2", gpus=1)
+    await scheduler.wait_for(JobPending)
+    reason = "its parent model version vision/base:1 was deleted after the job was admitted"
+    request = JobCancelRequested(job_id="job-2", team="vision", user="registry", reason=reason)
+    envelope = Envelope.wrap(request, source=REGISTRY, subject="job-2")
+    assert envelope.nats_subject.endswith(".by-registry")
+    await scheduler.bus.publish(envelope)
+    await scheduler.processed(envelope)
+    (cancelled,) = await scheduler.wait_for(JobCancelled)
+    assert (cancelled.job_id, cancelled.reason) == ("job-2", reason)
+    assert (await job_row(scheduler.pool, "job-2"))["status"] == "CANCELLED"
 
 
 async def test_cancel_queued_and_running_jobs(scheduler: Scheduler) -> None:
