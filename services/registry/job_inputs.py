@@ -16,7 +16,8 @@ Contract:
   cancelled); until then its parent version cannot be deleted (``models.delete_version``).
   A parent deleted before the registry heard of the job (between submission's check and
   its ``job.submitted``) is recorded as its tombstone (the edge stays true: the job was
-  admitted as its child), and, unless the job has ended already, the registry puts a
+  admitted as its child; without the admitted id, by name, only while its model is not
+  deleted), and, unless the job has ended already, the registry puts a
   ``job.cancel_requested`` for it in its outbox (said on submission's behalf,
   ``trust``), whose reason names the deleted version: the scheduler cancels the job, queued
   or running, and the job's status says why, rather than the job failing when it fetches

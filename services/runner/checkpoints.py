@@ -576,9 +576,10 @@ def prune_earlier_attempts(
     folders earlier attempts left, and an attempt that died never pruned its own). A
     folder another node forged there can therefore take one of the ``keep - 1`` places, or
     be deleted: it never protects or costs ``resumed`` or anything newer than it, and
-    every delete stays within the job's own prefix (a forged folder of an earlier attempt
-    number can keep one folder of that attempt at most). A folder already gone (another
-    pruner, the registry's collector) is no error."""
+    every delete stays within the job's own prefix (one forged under an earlier attempt's
+    number keeps one folder of that attempt at most, or takes the place of that attempt's
+    real newest, which the prune then deletes as it did before each attempt kept one). A
+    folder already gone (another pruner, the registry's collector) is no error."""
     if keep < 1:
         raise ValueError(f"keep must be at least 1, not {keep}")
     resumed_key = committed_key(store, resumed)
