@@ -76,7 +76,10 @@ Contract:
   (``shared.event_metrics``); handlers report nothing themselves.
 - Dead letters are listed, redriven and discarded with ``shared.deadletters``: a redrive
   republishes the event as it was (same body, so the same event id for the inboxes) to
-  ``trainyard.redrive.<consumer>``, which only that consumer reads.
+  ``trainyard.redrive.<consumer>``, which only that consumer reads. A redrive is believed
+  only as the event would be on the subject it first came on (its dead letter's
+  ``ORIGINAL_SUBJECT_HEADER``, copied by the redrive): one dead-lettered as forged for its
+  subject is dead-lettered as forged again, never applied because an operator redrove it.
 - ``consume_batches`` is the same for a handler that applies several events all-or-nothing
   (``shared.inbox.idempotent``: one transaction): each fetched batch is handed over whole
   and acknowledged after it returns, so a burst costs one commit, not one per event. A batch
@@ -1319,15 +1322,24 @@ class Bus:
         except EventParseError as exc:
             await self._dead_letter(consumer, msg, f"unparseable event: {exc}")
             return None
-        # A redrive comes on the consumer's own redrive subject, which only operators publish.
-        came_on = None if msg.subject == redrive_subject(consumer) else msg.subject
-        forged = forged_because(
-            envelope.type,
-            envelope.source,
-            routing_key=envelope.subject,
-            subject=came_on,
-            node=speaker_of(envelope.data),
-        ) or misrouted_because(envelope.data, envelope.subject)
+        came_on = msg.subject
+        if came_on == redrive_subject(consumer):
+            # A redrive comes on the consumer's own redrive subject, which only its service
+            # publishes, but its body is the dead letter's: what vouches for that is the
+            # subject it first came on, which the bus recorded when it dead-lettered it.
+            # Judged on the redrive subject alone, a forgery dead-lettered for its subject
+            # (a runner's report claiming the scheduler) passed once redriven.
+            came_on = (msg.headers or {}).get(ORIGINAL_SUBJECT_HEADER, "")
+        if not came_on:
+            forged: str | None = "a redrive that does not name the subject it first came on"
+        else:
+            forged = forged_because(
+                envelope.type,
+                envelope.source,
+                routing_key=envelope.subject,
+                subject=came_on,
+                node=speaker_of(envelope.data),
+            ) or misrouted_because(envelope.data, envelope.subject)
         if forged is not None:
             await self._dead_letter(consumer, msg, f"forged event: {forged}")
             return None
@@ -1719,7 +1731,7 @@ class Bus:
         original = dict(msg.headers or {})
         subject = msg.subject
         if subject == redrive_subject(consumer):  # failed again after a redrive
-            subject = original.get(ORIGINAL_SUBJECT_HEADER, subject)
+            subject = original.get(ORIGINAL_SUBJECT_HEADER) or subject
         copied = {k: v for k, v in original.items() if not k.startswith(("Nats-", "Trainyard-"))}
         ours = {
             REASON_HEADER: reason,

@@ -7,9 +7,10 @@ Contract:
   (``shared.bus``). A dead letter is named by its sequence in the dead-letter stream.
 - ``DeadLetters(bus, consumer)`` reads and changes only that consumer's dead letters: a
   sequence that belongs to another consumer is "not found".
-- ``redrive`` republishes the original bytes and trace headers to
-  ``trainyard.redrive.<consumer>`` (read by that consumer alone: the event's other consumers
-  handled it already) under the id ``redrive:<consumer>:<sequence>`` (its ``Nats-Msg-Id`` is
+- ``redrive`` republishes the original bytes and trace headers, with the subject it first
+  came on (``ORIGINAL_SUBJECT_HEADER``, by which its consumer judges it again: a forgery
+  stays one), to ``trainyard.redrive.<consumer>`` (read by that consumer alone: the event's
+  other consumers handled it already) under the id ``redrive:<consumer>:<sequence>`` (its ``Nats-Msg-Id`` is
   the bus's keyed one, ``Bus.msg_id``), then deletes the
   dead letter. The event keeps its id, so the consumer's inbox still applies it at most once;
   redriving the same dead letter twice inside the duplicate window publishes it once. If it

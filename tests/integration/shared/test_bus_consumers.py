@@ -592,24 +592,38 @@ async def test_a_dead_letter_is_counted_logged_and_its_reason_kept_to_one_line(
     ] == [f"counted: dead-lettered message {stored.seq} from {poison.nats_subject}: {reason}"]
 
 
-async def test_a_redrive_that_fails_again_keeps_the_subject_it_came_on_without_its_origin(
+async def test_a_redrive_without_its_origin_is_dead_lettered_keeping_the_subject_it_came_on(
     own_bus: Bus,
 ) -> None:
+    """A redrive is judged by the subject it first came on, which the dead letter it was
+    made from names: one that names none is not believed (its handler never runs), and its
+    dead letter names the redrive subject it came on."""
     bus = own_bus
     poison = event("redriven")
     redrive = "trainyard.redrive.again"
     await bus.publish_raw(redrive, poison.to_json(), poison.id, {})
     stop = asyncio.Event()
+    handled: list[str] = []
 
-    async def reject(envelope: Envelope[Payload]) -> None:
+    async def handle(envelope: Envelope[Payload]) -> None:
+        handled.append(envelope.id)
+
+    task = asyncio.create_task(bus.consume("again", [SUBJECT], handle, stop))
+    try:
+        async with asyncio.timeout(10):
+            stream = bus.settings.deadletter_stream
+            while (await bus.jetstream.stream_info(stream)).state.messages == 0:
+                await asyncio.sleep(0.05)
+    finally:
         stop.set()
-        raise Reject("still unknown")
-
-    async with asyncio.timeout(10):
-        await bus.consume("again", [SUBJECT], reject, stop)
+        await asyncio.wait_for(task, 10)
     letter = await bus.jetstream.get_msg(bus.settings.deadletter_stream, 1)
     assert letter.headers is not None
     assert letter.headers[ORIGINAL_SUBJECT_HEADER] == redrive
+    assert letter.headers[REASON_HEADER] == (
+        "forged event: a redrive that does not name the subject it first came on"
+    )
+    assert handled == []
 
 
 async def test_a_stop_while_the_dead_letter_cannot_be_written_hands_the_message_back(

@@ -27,6 +27,7 @@ from trainyard_platform.deploy.local.ports import free_port
 from trainyard_platform.shared.access import remember
 from trainyard_platform.shared.auth import bearer_token
 from trainyard_platform.shared.bus import (
+    ORIGINAL_SUBJECT_HEADER,
     REASON_HEADER,
     Bus,
     Reject,
@@ -154,6 +155,39 @@ async def test_a_poison_message_is_dead_lettered_listed_redriven_and_discarded(
     assert len(consumer.handled) == 2
 
 
+async def test_a_redriven_forgery_is_judged_by_the_subject_it_first_came_on(
+    bus: Bus, consumer: Consumer
+) -> None:
+    """An event dead-lettered as forged for the subject it came on (here: about job-a, on
+    job-b's subject; a runner's report claiming the scheduler, on the runner's own subject,
+    is the case that matters) is no less forged once an operator redrives it: it is judged
+    by the subject it first came on, which its dead letter recorded, not believed because
+    the redrive subject is its consumer's own."""
+    letters = DeadLetters(bus, CONSUMER)
+    forged = _event("job-a")
+    elsewhere = _event("job-b").nats_subject
+    await bus.publish_raw(elsewhere, forged.to_json(), forged.id, {})
+
+    async def one_dead_letter() -> bool:
+        return await letters.count() == 1
+
+    await _until(one_dead_letter)
+    [letter] = (await letters.page()).dead_letters
+    assert letter.reason.startswith("forged event:") and letter.original_subject == elsewhere
+    assert await letters.redrive(letter.sequence) is not None
+
+    async def settled() -> bool:
+        return bool(consumer.handled) or (
+            await letters.count() == 1 and await letters.get(letter.sequence) is None
+        )
+
+    await _until(settled)
+    assert consumer.handled == []
+    [again] = (await letters.page()).dead_letters
+    assert again.reason.startswith("forged event:") and f"not on {elsewhere}" in again.reason
+    assert again.original_subject == elsewhere
+
+
 async def test_a_redriven_event_already_applied_is_not_applied_twice(
     bus: Bus, pool: asyncpg.Pool
 ) -> None:
@@ -187,7 +221,11 @@ async def test_a_redriven_event_already_applied_is_not_applied_twice(
             deadletter_subject(CONSUMER),
             event.to_json(),
             "dl-1",
-            {REASON_HEADER: "abandoned: delivered 21 times without an outcome"},
+            {
+                REASON_HEADER: "abandoned: delivered 21 times without an outcome",
+                # As the bus writes every dead letter: a redrive is judged by it.
+                ORIGINAL_SUBJECT_HEADER: event.nats_subject,
+            },
         )
         [letter] = (await letters.page()).dead_letters
         assert letter.event_id == event.id

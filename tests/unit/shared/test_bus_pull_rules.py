@@ -32,6 +32,7 @@ import trainyard_platform.shared.bus as bus_module
 from trainyard_platform.shared.bus import (
     CONSUMER_HEADER,
     DEAD_LETTER_KINDS,
+    ORIGINAL_SUBJECT_HEADER,
     REASON_HEADER,
     Bus,
     ConsumerLostError,
@@ -1086,6 +1087,8 @@ async def test_a_redriven_event_on_the_consumers_redrive_subject_is_handled(
 ) -> None:
     bus = make_bus(js, monkeypatch)
     msg = event_msg(subject="trainyard.redrive.c")
+    # As a redrive carries it: the subject its dead letter came on, its own.
+    msg.headers = {ORIGINAL_SUBJECT_HEADER: an_event().nats_subject}
     js.script = [[msg]]
     handled: list[str] = []
 
@@ -1095,6 +1098,30 @@ async def test_a_redriven_event_on_the_consumers_redrive_subject_is_handled(
     await consume(bus, js, handle)
     assert handled == ["j1"]
     assert msg.told == [("ack", None)]
+
+
+async def test_a_redrive_is_judged_by_the_subject_it_first_came_on(
+    js: FakeJetStream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A forgery dead-lettered for its subject is as forged once redriven: the redrive
+    subject is the consumer's own, but what vouched for the event was where it first came."""
+    bus = make_bus(js, monkeypatch)
+    first = "trainyard.job.cancel_requested.v1.other"
+    redriven = event_msg(subject="trainyard.redrive.c")
+    redriven.headers = {ORIGINAL_SUBJECT_HEADER: first}
+    unnamed = event_msg(subject="trainyard.redrive.c", seq=2)
+    js.script = [[redriven, unnamed]]
+    handled: list[str] = []
+
+    async def handle(envelope: Envelope[Payload]) -> None:
+        handled.append(envelope.id)
+
+    await consume(bus, js, handle)
+    assert handled == []
+    assert redriven.told == unnamed.told == [("term", None)]
+    [(_, _, forged), (_, _, nameless)] = dead_letters(js)
+    assert forged.startswith("forged event: ") and forged.endswith(f"not on {first}")
+    assert nameless == "forged event: a redrive that does not name the subject it first came on"
 
 
 async def test_the_handler_runs_inside_the_producers_trace(
