@@ -61,7 +61,8 @@ from trainyard_platform.shared.events.payloads import (
     JobSucceeded,
 )
 
-_REPORTS = (JobStarted, JobSucceeded, JobFailed, JobPreempted)
+REPORTS = (JobStarted, JobSucceeded, JobFailed, JobPreempted)
+"""A runner's reports on one of its allocations that move a job's status."""
 
 MAX_KEPT_PER_JOB = 32
 """Most reports kept waiting for one job (see the module docstring)."""
@@ -84,7 +85,7 @@ async def awaited(
 ) -> Awaited | None:
     """What ``event`` (sent by ``source``, about a job in ``status`` holding the allocation
     ``holds``) must wait for, or None when it is judged now."""
-    if not isinstance(event, _REPORTS) or source == SCHEDULER_SOURCE or status.is_terminal:
+    if not isinstance(event, REPORTS) or source == SCHEDULER_SOURCE or status.is_terminal:
         return None
     allocation_id = event.allocation_id
     if not allocation_id:

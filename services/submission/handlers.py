@@ -8,7 +8,10 @@ the status waits for the scheduler's decision. A job the scheduler refused on ar
 (its ``job.failed`` with ``failure_kind`` ``rejected`` and no allocation) goes from QUEUED or
 PENDING to FAILED with that reason; it never ran, so no attempt failed and nothing is billed.
 Data (metrics, checkpoints, allocations, models, costs) is always
-recorded. Events about jobs this service never accepted are logged and dropped.
+recorded, but a runner's report is believed (its status judged, its data recorded) only of
+an allocation granted to that very job on the node that says it (``_runner_report``,
+``_not_its_own``): any runner may say one for any job id. Events about jobs this service
+never accepted are logged and dropped.
 
 A runner's report that comes before what it follows (its allocation's grant; for a
 ``job.succeeded``, the allocation's ``job.started``) is kept (``early_reports``) and judged
@@ -127,11 +130,46 @@ async def _lifecycle(
         )
         await early_reports.keep(conn, envelope, event.job_id, awaited.allocation_id)
         return
+    foreign = await _not_its_own(conn, envelope, event)
+    if foreign is not None:
+        log.warning(
+            "ignoring %s (%s) for job %s: %s",
+            envelope.type,
+            envelope.id,
+            event.job_id,
+            foreign,
+        )
+        return
     await _judged(envelope, event, row, conn)
     if isinstance(event, AllocationGranted | JobStarted):
         for kept in await early_reports.take(conn, event.allocation_id):
             log.info("job %s: judging %s (%s), which waited", event.job_id, kept.type, kept.id)
             await dispatch(kept, conn)
+
+
+async def _not_its_own(
+    conn: asyncpg.Connection, envelope: Envelope[Payload], event: LifecycleEvent
+) -> str | None:
+    """Why a runner's report on an allocation (its start, success, failure or preemption)
+    is not that allocation's own, or None: the allocation was never granted to this job, or
+    was granted on another node than the one that says it (``node_id``, which the bus vouches
+    for). Any runner may say these for any job id, so, as for ``_runner_report``, nothing of
+    such a report is judged or recorded (before, a success's ``metrics`` were merged into
+    the job it named, another team's too, ahead of its judgement). A report whose grant has
+    not come yet waited for it already (``early_reports``); the scheduler's own say is
+    judged as it is."""
+    if not isinstance(event, early_reports.REPORTS) or envelope.source == SCHEDULER_SOURCE:
+        return None
+    granted_to = await conn.fetchval(
+        "SELECT node_id FROM job_allocations WHERE allocation_id = $1 AND job_id = $2",
+        event.allocation_id,
+        event.job_id,
+    )
+    if granted_to is None:
+        return f"allocation {event.allocation_id!r} was never granted to it"
+    if event.node_id != granted_to:
+        return f"allocation {event.allocation_id} is node {granted_to}'s, not {event.node_id}'s"
+    return None
 
 
 async def _judged(

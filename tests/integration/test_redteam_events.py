@@ -21,7 +21,12 @@ import pytest
 from tests.integration import test_forged_events as forged
 from trainyard_platform.services.submission.early_reports import MAX_KEPT_PER_JOB
 from trainyard_platform.shared.events import Envelope
-from trainyard_platform.shared.events.payloads import CheckpointRef, CheckpointSaved, JobProgress
+from trainyard_platform.shared.events.payloads import (
+    CheckpointRef,
+    CheckpointSaved,
+    JobProgress,
+    JobSucceeded,
+)
 from trainyard_platform.shared.events.trust import RUNNER
 
 pytestmark = pytest.mark.integration
@@ -132,3 +137,61 @@ async def test_a_checkpoint_of_an_allocation_never_granted_changes_nothing(
     assert await pool.fetchval(count, job) == 0
     after = await platform.quiet()
     assert after["submission.jobs"] == before["submission.jobs"]
+
+
+async def test_a_success_of_another_jobs_allocation_writes_nothing_of_it(
+    platform: Platform,
+) -> None:
+    """A runner may say ``job.succeeded`` for any job id. Its ``metrics`` were merged into
+    the job's view before the report was judged: naming an allocation granted to one of its
+    own jobs (so nothing waited for a grant), or any allocation once the job had ended, a
+    node wrote the final metrics every read of another team's job serves. A report is now
+    believed only of an allocation granted to that very job on the node that says it."""
+    pool = platform.pools["submission"]
+    own, queued, ended = [await _queued_job(platform) for _ in range(3)]
+    mine = str(uuid.uuid4())
+    now = datetime.now(UTC)
+    async with pool.acquire() as conn, conn.transaction():
+        # The node's own job, granted to it: the allocation id it knows.
+        await conn.execute(
+            "INSERT INTO job_allocations (allocation_id, job_id, node_id, gpu_indices, "
+            "attempt, epoch, granted_at) VALUES ($1, $2, $3, '{0}', 1, 1, $4)",
+            mine,
+            own,
+            forged.NODE_A,
+            now,
+        )
+        await conn.execute(
+            "UPDATE jobs SET status = 'SUCCEEDED', finished_at = $2 WHERE id = $1", ended, now
+        )
+    before = await platform.quiet()
+    reports = [
+        Envelope.wrap(
+            JobSucceeded(
+                job_id=victim,
+                allocation_id=allocation,
+                node_id=forged.NODE_A,  # the node it is (it may say no other)
+                epoch=1,
+                finished_at=now,
+                metrics={"accuracy": 0.01},
+            ),
+            source=RUNNER,
+            subject=victim,
+        )
+        for victim, allocation in ((queued, mine), (ended, str(uuid.uuid4())))
+    ]
+    async with platform.bus_of(f"runner-{forged.NODE_A}") as runner:  # its own credentials
+        for envelope in reports:
+            await runner.publish(envelope)
+    handled = "SELECT count(*) FROM inbox WHERE event_id = ANY($1::text[])"
+    for _ in range(60):
+        if await pool.fetchval(handled, [r.id for r in reports]) == len(reports):
+            break
+        await asyncio.sleep(0.5)
+    else:
+        raise AssertionError("the forged successes were never handled")
+    after = await platform.quiet()
+    assert after["submission.jobs"] == before["submission.jobs"]
+    assert after["submission.job_history"] == before["submission.job_history"]
+    written = "SELECT count(*) FROM jobs WHERE id = ANY($1::text[]) AND metrics <> '{}'::jsonb"
+    assert await pool.fetchval(written, [queued, ended]) == 0
