@@ -14,13 +14,21 @@ Contract:
   per flavor ``gpu_hour``, ``cpu_hour``, ``memory_gib_hour``); 0 for a flavor without a
   rate. ``prices(rate)``/``hourly_at(job, prices)`` do the same from one flavor's rate
   parsed once.
+- ``KILL_GRACE_SECONDS``: the most a job runs past its ``max_runtime_seconds``. The runner
+  stops a job at its limit with SIGTERM and SIGKILLs it after its ``kill_grace_seconds``,
+  which is at most this (its settings refuse more); all the while the job holds its GPUs
+  and is billed them. ``attempt_seconds(max_runtime_seconds)``: the longest one attempt
+  holds them, the limit and the grace.
 - ``worst(per_hour, seconds)``: ``seconds`` at ``per_hour``, rounded up to a micro-unit;
-  ``reservation(job, rates)`` is ``worst(hourly(job, rates), max_runtime_seconds)``.
+  ``reservation(job, rates)`` is ``worst(hourly(job, rates),
+  attempt_seconds(max_runtime_seconds))``.
 - ``longest_within(per_hour, amount)``: the most whole seconds whose ``worst`` is within
-  ``amount``.
+  ``amount``; ``longest_runtime_within(per_hour, amount)``: the longest
+  ``max_runtime_seconds`` whose attempt (``attempt_seconds``) is, 0 when not even the grace
+  is.
 - ``over_whole(need, per_hour, amount)``: ``OverWhole`` when a worst case ``need`` (at
   ``per_hour``) is more than the whole ``amount``, with the longest ``max_runtime_seconds``
-  the amount covers; else None. ``over_whole_reason`` and ``over_whole_remedy`` say it in
+  the amount covers (``longest_runtime_within``); else None. ``over_whole_reason`` and ``over_whole_remedy`` say it in
   words, as the scheduler's note and submission's refusal both say it.
 """
 
@@ -35,6 +43,17 @@ Job = Mapping[str, Any]
 Prices = tuple[Decimal, Decimal, Decimal]
 """One flavor's rates parsed: GPU-hour, CPU-hour and memory GiB-hour prices."""
 _MICRO = Decimal("0.000001")
+
+KILL_GRACE_SECONDS = 30
+"""The most a job runs past its ``max_runtime_seconds`` before it is killed (module
+contract): the runner's default and largest ``kill_grace_seconds``, so a worst case that
+counts it is one the runner cannot exceed."""
+
+
+def attempt_seconds(max_runtime_seconds: int) -> int:
+    """The longest one attempt of a job with this limit holds (and is billed) its GPUs: the
+    limit and the kill grace after it."""
+    return max_runtime_seconds + KILL_GRACE_SECONDS
 
 
 def holds_queued(policy: str, on_exhausted: str) -> bool:
@@ -91,7 +110,7 @@ def worst(per_hour: Decimal, seconds: int) -> Decimal:
 
 def reservation(job: Job, rates: Mapping[str, Any]) -> Decimal:
     """The worst case of one attempt of ``job`` at ``rates`` (module contract)."""
-    return worst(hourly(job, rates), job["max_runtime_seconds"])
+    return worst(hourly(job, rates), attempt_seconds(job["max_runtime_seconds"]))
 
 
 def longest_within(per_hour: Decimal, amount: Decimal) -> int:
@@ -103,6 +122,12 @@ def longest_within(per_hour: Decimal, amount: Decimal) -> int:
     while seconds > 0 and worst(per_hour, seconds) > amount:
         seconds -= 1
     return seconds
+
+
+def longest_runtime_within(per_hour: Decimal, amount: Decimal) -> int:
+    """The longest ``max_runtime_seconds`` whose attempt (the limit and the kill grace,
+    ``attempt_seconds``) costs at most ``amount`` at ``per_hour``; 0 when none does."""
+    return max(0, longest_within(per_hour, amount) - KILL_GRACE_SECONDS)
 
 
 @dataclass(frozen=True)
@@ -120,7 +145,7 @@ def over_whole(need: Decimal, per_hour: Decimal, amount: Decimal) -> OverWhole |
     """``OverWhole`` when ``need`` is more than ``amount``, else None (module contract)."""
     if need <= amount:
         return None
-    return OverWhole(need, longest_within(per_hour, amount) if per_hour > 0 else 0)
+    return OverWhole(need, longest_runtime_within(per_hour, amount) if per_hour > 0 else 0)
 
 
 def over_whole_reason(over: OverWhole, scope: str, amount: str, currency: str) -> str:
@@ -128,8 +153,8 @@ def over_whole_reason(over: OverWhole, scope: str, amount: str, currency: str) -
     ``amount`` as billing said it)."""
     return (
         f"this job's worst case ({over.need} {currency}: its GPUs, CPUs and memory for its "
-        f"max_runtime_seconds at the highest prices) is more than the whole budget of {scope} "
-        f"({amount} {currency} a month)"
+        f"max_runtime_seconds and the {KILL_GRACE_SECONDS} s kill grace at the highest prices) "
+        f"is more than the whole budget of {scope} ({amount} {currency} a month)"
     )
 
 
@@ -149,12 +174,15 @@ def over_whole_remedy(over: OverWhole, currency: str) -> str:
 
 
 __all__ = [
+    "KILL_GRACE_SECONDS",
     "OverWhole",
     "Prices",
+    "attempt_seconds",
     "decimal",
     "holds_queued",
     "hourly",
     "hourly_at",
+    "longest_runtime_within",
     "longest_within",
     "over_whole",
     "over_whole_reason",

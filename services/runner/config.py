@@ -18,6 +18,7 @@ from trainyard_platform.services.runner.disk_watch import GIB
 from trainyard_platform.services.runner.environments import DEFAULT_MAX_SHARE
 from trainyard_platform.shared.events.payloads import MAX_METRIC_POINTS, MAX_NODE_GPUS
 from trainyard_platform.shared.settings import GuardedServiceSettings, Port, jetstream_duration
+from trainyard_platform.shared.worst_case import KILL_GRACE_SECONDS
 
 NODE_ID_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
 JOB_SLOTS = 64
@@ -132,8 +133,12 @@ class Settings(GuardedServiceSettings):
     """Committed checkpoints kept per job; older ones are deleted (the newest never is)."""
     log_ship_interval_seconds: float = Field(default=1.0, gt=0)
     """How often a running job's new output is uploaded to the object store."""
-    kill_grace_seconds: float = Field(default=30.0, ge=0)
-    """After SIGTERM for exceeding the max runtime, seconds before SIGKILL."""
+    kill_grace_seconds: float = Field(
+        default=float(KILL_GRACE_SECONDS), ge=0, le=KILL_GRACE_SECONDS
+    )
+    """After SIGTERM for exceeding the max runtime, seconds before SIGKILL. At most
+    ``shared.worst_case.KILL_GRACE_SECONDS``: a budget reserves each job's worst case as its
+    ``max_runtime_seconds`` and that grace, the longest it holds and is billed its GPUs."""
     drain_timeout_seconds: float = Field(default=60.0, ge=0)
     """On runner shutdown, seconds the jobs get to checkpoint and exit before SIGKILL."""
     progress_interval_seconds: float = Field(default=1.0, ge=0)

@@ -42,14 +42,17 @@ Contract:
   once spent (``holds_queued``) and whose state carries billing's ``rates`` (the highest
   price per hour of each flavor from then on) is never left to be overrun by jobs started
   together before it is spent. Each job of its team (or project) is reserved its worst
-  case, ``max_runtime_seconds`` of its GPUs, CPUs and memory at those rates
-  (``reservation``), from its start until its allocations end. ``fit(queued, running,
+  case, ``max_runtime_seconds`` and the runner's kill grace after it
+  (``worst_case.attempt_seconds``: a job at its limit holds and is billed its GPUs until it
+  is killed) of its GPUs, CPUs and memory at those rates (``reservation``), from its start
+  until its allocations end. ``fit(queued, running,
   reserves, order)`` keeps a queued job from the pass unless its reservation fits in what
   is left of every budget that reserves for it: the amount, less what billing last said is
   spent, less what its running jobs may still cost beyond that: a job whose allocations
   billing said ``spent`` counts (the state's ``accruing``, up to its ``spent_at``) is
-  reserved its worst case from ``spent_at`` on (``max_runtime_seconds`` less the whole
-  seconds it had run by then since its start, ``started_at``, never below 0: what it
+  reserved its worst case from ``spent_at`` on (``max_runtime_seconds`` and the kill
+  grace, less the whole seconds it had run by then since its start, ``started_at``, never
+  below 0: what it
   accrued is not counted twice, and the rest costs at most the rates), any other (granted
   after, not started yet, or a state that does not say them) its whole worst case; less
   those of
@@ -83,6 +86,8 @@ from trainyard_platform.shared import budget_states, worst_case
 from trainyard_platform.shared.events.payloads import BudgetUpdated
 from trainyard_platform.shared.worst_case import (
     Prices,
+    attempt_seconds,
+    longest_runtime_within,
     over_whole,
     over_whole_reason,
     over_whole_remedy,
@@ -90,7 +95,6 @@ from trainyard_platform.shared.worst_case import (
 )
 from trainyard_platform.shared.worst_case import holds_queued as holds_queued
 from trainyard_platform.shared.worst_case import hourly as hourly
-from trainyard_platform.shared.worst_case import longest_within as longest_within
 from trainyard_platform.shared.worst_case import reservation as reservation
 
 Row = Mapping[str, Any]
@@ -365,8 +369,8 @@ class _Parsed:
         """What a running job (its live allocations, ``members``) is reserved: its worst
         case from when ``spent`` was measured on, when ``spent`` counts what each of its
         allocations accrued up to then and each had started (a whole second it ran before,
-        from its start, taken off its ``max_runtime_seconds``, never below 0: what it may
-        still cost, at prices no higher than the rates); else its whole worst case.
+        from its start, taken off its ``max_runtime_seconds`` and the kill grace, never below
+        0: what it may still cost, at prices no higher than the rates); else its whole worst case.
 
         Counted from the start (``started_at``), not the grant: the runner's limit runs
         from the job's process's start, so the time between (pulling its image, restoring
@@ -374,7 +378,7 @@ class _Parsed:
         a member not started yet may still run all of it. A start said before its grant
         (a node's clock) counts from the grant."""
         first = members[0]
-        seconds = first["max_runtime_seconds"]
+        seconds = attempt_seconds(first["max_runtime_seconds"])
         starts = [m.get("started_at") for m in members]
         if (
             self.spent_at is not None
@@ -440,7 +444,9 @@ def fit(
         needs = []
         for key in keys_of(job):
             per_hour = parsed[key].hourly(job)
-            needs.append((key, per_hour, worst(per_hour, job["max_runtime_seconds"])))
+            needs.append(
+                (key, per_hour, worst(per_hour, attempt_seconds(job["max_runtime_seconds"])))
+            )
         short = next(
             (
                 (key, per_hour, need)
@@ -516,12 +522,12 @@ def reservation_note_parts(unfit: Unfit, now: datetime) -> tuple[str, str, str, 
     reason = (
         f"held: the budget of {scope(budget)} cannot cover this job's worst case "
         f"({unfit.need} {currency}: its GPUs, CPUs and memory for its max_runtime_seconds "
-        f"at the highest prices); {budget['spent']} of {budget['amount']} {currency} is spent "
+        f"and the {worst_case.KILL_GRACE_SECONDS} s kill grace at the highest prices); {budget['spent']} of {budget['amount']} {currency} is spent "
         f"in {budget['month']} and {reserved}; it starts when {when} "
         f"({until:%Y-%m-%d} 00:00 UTC)"
     )
     left = amount - worst_case.decimal(budget["spent"]) - unfit.reserved
-    longest = longest_within(unfit.per_hour, left) if unfit.per_hour > 0 else 0
+    longest = longest_runtime_within(unfit.per_hour, left) if unfit.per_hour > 0 else 0
     ways = [
         *(
             ["wait for the jobs before it"]

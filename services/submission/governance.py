@@ -321,7 +321,7 @@ def _refuse_over_whole(team: str, job: JobRequest, rows: Sequence[Mapping[str, A
         if not worst_case.reserves(row["policy"], row.get("on_exhausted", "finish"), rates):
             continue
         per_hour = worst_case.hourly(shape, rates)
-        need = worst_case.worst(per_hour, job.max_runtime_seconds)
+        need = worst_case.worst(per_hour, worst_case.attempt_seconds(job.max_runtime_seconds))
         over = worst_case.over_whole(need, per_hour, worst_case.decimal(row["amount"]))
         if over is None:
             continue

@@ -23,6 +23,7 @@ from trainyard_platform.shared.events.payloads import (
     ReservationRates,
 )
 from trainyard_platform.shared.events.trust import owner
+from trainyard_platform.shared.worst_case import KILL_GRACE_SECONDS
 
 pytestmark = pytest.mark.integration
 
@@ -175,6 +176,10 @@ async def test_a_budget_that_deprioritizes_is_named_in_its_low_jobs_reasons_unti
         )
 
 
+HOUR = 3600 - KILL_GRACE_SECONDS
+"""A ``max_runtime_seconds`` whose attempt (it and the runner's kill grace) is an hour."""
+
+
 async def test_jobs_queued_together_start_only_as_far_as_the_budget_covers(
     scheduler: Scheduler,
 ) -> None:
@@ -195,7 +200,7 @@ async def test_jobs_queued_together_start_only_as_far_as_the_budget_covers(
     )
     await scheduler.send(room, "vision")
     for job_id in ("r1", "r2", "r3"):
-        await scheduler.submit(job_id, gpus=1, max_runtime_seconds=3600)
+        await scheduler.submit(job_id, gpus=1, max_runtime_seconds=HOUR)
     await scheduler.heartbeat("n1", gpus=4)
     (granted,) = await scheduler.wait_for(AllocationGranted, lambda g: g.job_id.startswith("r"))
     waiting = {"r1", "r2", "r3"} - {granted.job_id}
@@ -260,7 +265,7 @@ async def test_a_running_job_s_cost_billing_counts_is_not_reserved_again(
         rates={"cpu": ReservationRates(gpu_hour="2.5")},
     )
     await scheduler.send(room, "vision")
-    await scheduler.submit("r1", gpus=1, max_runtime_seconds=3600)
+    await scheduler.submit("r1", gpus=1, max_runtime_seconds=HOUR)
     await scheduler.heartbeat("n1", gpus=4)
     (first,) = await scheduler.wait_for(AllocationGranted, lambda g: g.job_id == "r1")
     # Its runner says it started at once (a job not started yet may still run all its hour).
@@ -275,7 +280,7 @@ async def test_a_running_job_s_cost_billing_counts_is_not_reserved_again(
     )
     await scheduler.send(measured, "vision")
     for job_id in ("r2", "r3"):
-        await scheduler.submit(job_id, gpus=1, max_runtime_seconds=3600)
+        await scheduler.submit(job_id, gpus=1, max_runtime_seconds=HOUR)
     (second,) = await scheduler.wait_for(AllocationGranted, lambda g: g.job_id in {"r2", "r3"})
     waiting = ({"r2", "r3"} - {second.job_id}).pop()
     await scheduler.wait_for(

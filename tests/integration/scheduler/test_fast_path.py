@@ -36,6 +36,7 @@ from trainyard_platform.shared.events.payloads import (
 )
 from trainyard_platform.shared.identity import operator_token_principal
 from trainyard_platform.shared.settings import NatsSettings
+from trainyard_platform.shared.worst_case import KILL_GRACE_SECONDS
 
 OPERATOR = operator_token_principal()
 
@@ -375,13 +376,13 @@ async def test_an_arrival_of_a_team_whose_budget_reserves_is_decided_by_the_fast
         rates={"cpu": ReservationRates(gpu_hour="2.5")},
     )
     await scheduler.send(reserving, "vision")
-    await scheduler.submit("b", gpus=2)  # 5.00 at worst, beside a's 5.00
+    await scheduler.submit("b", gpus=2)  # 5.041667 at worst (the hour and the kill grace)
     (b,) = await scheduler.wait_for(JobPending, lambda p: p.job_id == "b")
     assert (b.position, b.blocking) == (1, "a")
     await until(lambda: work.passes.idle_with_kept_pass)
     passes, fast = work.passes.passes, work.passes.fast_arrivals
 
-    # "c" fits too (15.00 of 100.00) and can only wait behind "b": the fast path tells it.
+    # "c" fits too (15.125001 of 100.00) and can only wait behind "b": the fast path tells it.
     await scheduler.submit("c", gpus=2, priority="low")
     (c,) = await scheduler.wait_for(JobPending, lambda p: p.job_id == "c")
     assert (c.position, c.blocking) == (2, "a")
@@ -397,10 +398,12 @@ async def test_an_arrival_of_a_team_whose_budget_reserves_is_decided_by_the_fast
     assert tuple(row) == (c.reason, c.position, c.blocking, c.suggestion, c.estimated_start)
     assert len(scheduler.events(JobPending, lambda p: p.job_id == "c")) == 1
 
-    # "d" (100.00 at worst: 20 h) does not fit beside them: a pass decides it and tells why.
+    # "d" (100.00 at worst: 20 h with the kill grace) does not fit beside them: a pass decides it and tells why.
     await until(lambda: work.passes.idle_with_kept_pass)
     passes = work.passes.passes
-    await scheduler.submit("d", gpus=2, priority="low", max_runtime_seconds=72000)
+    await scheduler.submit(
+        "d", gpus=2, priority="low", max_runtime_seconds=72000 - KILL_GRACE_SECONDS
+    )
     (d,) = await scheduler.wait_for(JobPending, lambda p: p.job_id == "d")
     assert "cannot cover this job's worst case (100.000000 USD" in d.reason
     assert work.passes.passes > passes

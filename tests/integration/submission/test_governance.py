@@ -20,6 +20,7 @@ from trainyard_platform.shared.events.payloads import BudgetUpdated, FlavorDecla
 from trainyard_platform.shared.events.trust import owner, routing_key_of
 from trainyard_platform.shared.http_errors import RequestInvalid
 from trainyard_platform.shared.identity import Role
+from trainyard_platform.shared.worst_case import KILL_GRACE_SECONDS
 
 pytestmark = pytest.mark.integration
 
@@ -158,7 +159,9 @@ async def test_a_job_over_the_whole_of_a_reserving_budget_is_refused_until_it_is
     state billing says after a raise admits the same job."""
     async with pool.acquire() as conn:
         token, _ = await identity.add_user(conn, "ml", "ada", Role.MEMBER, None)
-    long_job = job(flavor="a100").model_copy(update={"max_runtime_seconds": 36000})
+    long_job = job(flavor="a100").model_copy(
+        update={"max_runtime_seconds": 36000 - KILL_GRACE_SECONDS}
+    )
     rates = {"a100": {"gpu_hour": "2.5"}}
     # Under warn with on_exhausted stop it holds queued jobs once spent, so it reserves; of
     # last month, it still does (the scheduler reserves from the whole amount).
@@ -188,7 +191,7 @@ async def test_a_job_over_the_whole_of_a_reserving_budget_is_refused_until_it_is
         assert error.field == "max_runtime_seconds"
         assert "worst case (25.000000 USD" in error.message
         assert "whole budget of team ml (3 USD a month)" in error.message
-        assert "lower max_runtime_seconds to at most 4320" in error.message
+        assert "lower max_runtime_seconds to at most 4290" in error.message
     # Within it: admitted, with no warning (nothing is spent).
     assert (await admit(pool, "ml", job(flavor="a100"), NOW))[1] == []
 

@@ -14,10 +14,11 @@ from trainyard_platform.services.submission import identity
 from trainyard_platform.services.submission.config import Settings
 from trainyard_platform.services.submission.service import NAME
 from trainyard_platform.shared.db import open_pool
+from trainyard_platform.shared.worst_case import KILL_GRACE_SECONDS
 
 pytestmark = pytest.mark.integration
 
-LONG = {**SPEC, "max_runtime_seconds": 36000}
+LONG = {**SPEC, "max_runtime_seconds": 36000 - KILL_GRACE_SECONDS}  # 10 h with the grace
 """10 hours of one ``cpu`` GPU at 2.50: 25.00 at worst."""
 
 
@@ -59,9 +60,9 @@ async def test_a_job_over_the_whole_budget_is_refused_on_every_path(
             (error,) = body["errors"]
             assert error["field"] == "max_runtime_seconds"
             assert "worst case (25.000000 USD" in error["message"]
-            assert "lower max_runtime_seconds to at most 4320" in error["message"]
+            assert "lower max_runtime_seconds to at most 4290" in error["message"]
         assert await pool.fetchval("SELECT count(*) FROM jobs") == 0
-        assert (await _post(c, member, {**SPEC, "max_runtime_seconds": 4320})).status_code == 201
+        assert (await _post(c, member, {**SPEC, "max_runtime_seconds": 4290})).status_code == 201
 
         await _reserving(pool, "30", 2)  # billing said the budget raised
         assert (await _post(c, member, LONG)).status_code == 201

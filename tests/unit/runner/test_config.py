@@ -8,6 +8,7 @@ from pydantic import ValidationError
 from trainyard_platform.services.runner.__main__ import main
 from trainyard_platform.services.runner.config import Settings, default_node_id
 from trainyard_platform.shared.events.payloads import MAX_NODE_GPUS
+from trainyard_platform.shared.worst_case import KILL_GRACE_SECONDS
 
 
 @pytest.fixture(autouse=True)
@@ -55,6 +56,16 @@ def test_a_node_offers_no_more_virtual_gpus_than_a_heartbeat_may_say() -> None:
     assert Settings(virtual_gpus=MAX_NODE_GPUS).virtual_gpus == MAX_NODE_GPUS
     with pytest.raises(ValidationError, match="virtual_gpus"):
         Settings(virtual_gpus=MAX_NODE_GPUS + 1)
+
+
+def test_the_kill_grace_is_at_most_what_a_budget_reserves() -> None:
+    """A budget reserves each job's worst case as its ``max_runtime_seconds`` and
+    ``KILL_GRACE_SECONDS`` (``shared.worst_case``): a longer grace would let a job at its
+    limit be billed past what its budget reserved, so the runner refuses it at start."""
+    assert Settings().kill_grace_seconds == KILL_GRACE_SECONDS
+    assert Settings(kill_grace_seconds=5).kill_grace_seconds == 5
+    with pytest.raises(ValidationError, match="kill_grace_seconds"):
+        Settings(kill_grace_seconds=KILL_GRACE_SECONDS + 1)
 
 
 def test_topology_defaults_and_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

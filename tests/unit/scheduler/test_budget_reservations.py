@@ -1,6 +1,7 @@
 """A budget that holds queued jobs once spent is not overrun by jobs started together before
 it is: each job of its team (or project) is reserved its worst case (its GPUs, CPUs and
-memory for its max_runtime_seconds at billing's highest prices), and a queued job starts
+memory for its max_runtime_seconds and the runner's kill grace after it, at billing's
+highest prices), and a queued job starts
 only while its reservation fits beside what is spent and what the jobs before it reserve."""
 
 from __future__ import annotations
@@ -20,6 +21,17 @@ from trainyard_platform.services.scheduler.budget_holds import (
 from trainyard_platform.services.scheduler.convert import build_snapshot, pending_notes
 from trainyard_platform.services.scheduler.policy.engine import schedule
 from trainyard_platform.services.scheduler.policy.model import PolicyConfig
+from trainyard_platform.shared.worst_case import KILL_GRACE_SECONDS
+
+HOUR = 3600 - KILL_GRACE_SECONDS
+"""A ``max_runtime_seconds`` whose attempt (it and the runner's kill grace after it) is an
+hour: the worst case a budget reserves."""
+
+
+def hour_job(job_id: str, queue_name: str = "qa", **more: Any) -> dict[str, Any]:
+    """A queued job (``waiting``) whose attempt lasts at most an hour."""
+    return waiting(job_id, queue_name, **{"max_runtime_seconds": HOUR, **more})
+
 
 RATES = {"a100": {"gpu_hour": "2.5", "cpu_hour": "0.1", "memory_gib_hour": "0.01"}}
 """2.50 per GPU-hour: a 1-GPU job of an hour (``waiting``'s) is reserved 2.50."""
@@ -33,7 +45,7 @@ def reserving_budget(team: str, project: str = "", **more: Any) -> dict[str, Any
 
 def four_jobs(**more: Any) -> list[dict[str, Any]]:
     return [
-        waiting(f"a{i}", "qa", seq=i, team="team-a", project="vision", **more) for i in range(4)
+        hour_job(f"a{i}", "qa", seq=i, team="team-a", project="vision", **more) for i in range(4)
     ]
 
 
@@ -59,7 +71,8 @@ def test_jobs_queued_together_start_only_as_far_as_the_budget_covers_their_worst
     note = pending_notes(decisions, built)["a1"]
     assert note.reason == (
         "held: the budget of team team-a cannot cover this job's worst case (2.500000 USD: "
-        "its GPUs, CPUs and memory for its max_runtime_seconds at the highest prices); "
+        "its GPUs, CPUs and memory for its max_runtime_seconds and the 30 s kill grace at the "
+        "highest prices); "
         "0.000000 of 3.000000 USD is spent in 2025-03 and 2.500000 USD is reserved by jobs "
         "before it; it starts when one of them ends, the budget is raised or the month ends "
         "(2025-04-01 00:00 UTC)"
@@ -68,9 +81,22 @@ def test_jobs_queued_together_start_only_as_far_as_the_budget_covers_their_worst
     assert note.estimated_start == datetime(2025, 4, 1, tzinfo=UTC)
 
 
+def test_the_kill_grace_after_the_limit_is_reserved_too() -> None:
+    # A job at its max_runtime_seconds is sent SIGTERM and killed only after the runner's
+    # kill grace, holding (and billed) its GPUs until then. Before, a budget that covered
+    # the limit alone started it: 2.50 for the hour, 0.020834 more for the grace unbounded.
+    at_limit = hour_job("a0", team="team-a", project="vision", max_runtime_seconds=3600)
+    assert reservation(at_limit, RATES) == Decimal("2.520834")  # 3630 s at 2.50 an hour
+    exact = reserving_budget("team-a", amount="2.500000")
+    placed, built, _ = started(exact, pending=[at_limit])
+    assert placed == [] and [r["job_id"] for r in built.budget_held] == ["a0"]
+    placed, _, _ = started(reserving_budget("team-a", amount="2.520834"), pending=[at_limit])
+    assert placed == ["a0"]
+
+
 def test_running_jobs_keep_their_reservation_until_they_end() -> None:
     running = [
-        member("r1", "n1", [0], gpus=1, team="team-a", project="vision", max_runtime_seconds=3600)
+        member("r1", "n1", [0], gpus=1, team="team-a", project="vision", max_runtime_seconds=HOUR)
     ]
     placed, built, _ = started(reserving_budget("team-a"), running=running)
     assert placed == [] and len(built.budget_held) == 4  # 2.50 reserved: 0.50 left
@@ -100,8 +126,8 @@ def test_the_job_that_would_start_first_reserves_first() -> None:
 
 
 def test_cpus_and_memory_count_at_their_rates_rounded_up() -> None:
-    job = waiting("a0", "qa", gpus=2, cpus_per_gpu=8, memory_gib_per_gpu=64)
-    job["max_runtime_seconds"] = 1801
+    job = hour_job("a0", "qa", gpus=2, cpus_per_gpu=8, memory_gib_per_gpu=64)
+    job["max_runtime_seconds"] = 1801 - KILL_GRACE_SECONDS
     # 2 x (2.5 + 8 x 0.1 + 64 x 0.01) = 7.88 per hour, for 1801 s: 3.942188...
     assert reservation(job, RATES) == Decimal("3.942189")
     assert reservation({**job, "gpu_flavor": "h100"}, RATES) == 0  # no price: billed nothing
@@ -147,18 +173,18 @@ def test_a_job_whose_worst_case_is_more_than_the_whole_budget_is_told_it_never_s
     # 4 GPUs for 10 h at 2.50: 100.00 at worst, against a budget of 3.00 a month. No job
     # ending, no new month lets it start; before, it was told it would start when one of
     # the jobs before it ended or the month ended, and given the next month as its start.
-    big = waiting("big", "qa", seq=0, team="team-a", project="vision", gpus=4)
-    big["max_runtime_seconds"] = 36000
+    big = hour_job("big", "qa", seq=0, team="team-a", project="vision", gpus=4)
+    big["max_runtime_seconds"] = 36000 - KILL_GRACE_SECONDS
     placed, built, decisions = started(reserving_budget("team-a"), pending=[big])
     assert placed == []
     note = pending_notes(decisions, built)["big"]
     assert note.reason == (
         "held: this job's worst case (100.000000 USD: its GPUs, CPUs and memory for its "
-        "max_runtime_seconds at the highest prices) is more than the whole budget of team "
-        "team-a (3.000000 USD a month): it cannot start while the budget is this size"
+        "max_runtime_seconds and the 30 s kill grace at the highest prices) is more than the "
+        "whole budget of team team-a (3.000000 USD a month): it cannot start while the budget is this size"
     )
     assert note.suggestion == (
-        "lower max_runtime_seconds to at most 1080 (what the budget covers at these prices), "
+        "lower max_runtime_seconds to at most 1050 (what the budget covers at these prices), "
         "or ask a team admin or an operator to raise the budget to at least 100.000000 USD "
         "(PUT /v1/budgets)"
     )
@@ -194,12 +220,13 @@ def test_a_job_that_waits_for_what_is_spent_is_not_told_to_wait_for_jobs_that_do
     note = pending_notes(decisions, built)["a0"]
     assert note.reason == (
         "held: the budget of team team-a cannot cover this job's worst case (2.500000 USD: "
-        "its GPUs, CPUs and memory for its max_runtime_seconds at the highest prices); "
+        "its GPUs, CPUs and memory for its max_runtime_seconds and the 30 s kill grace at the "
+        "highest prices); "
         "1.000000 of 3.000000 USD is spent in 2025-03 and nothing is reserved by other jobs; "
         "it starts when the budget is raised or the month ends (2025-04-01 00:00 UTC)"
     )
     assert note.suggestion == (
-        "lower max_runtime_seconds to at most 2880 (what is left of the budget covers), or "
+        "lower max_runtime_seconds to at most 2850 (what is left of the budget covers), or "
         "ask a team admin or an operator to raise the budget (PUT /v1/budgets)"
     )
     assert note.estimated_start == datetime(2025, 4, 1, tzinfo=UTC)
@@ -207,7 +234,7 @@ def test_a_job_that_waits_for_what_is_spent_is_not_told_to_wait_for_jobs_that_do
     placed, built, decisions = started(reserving_budget("team-a", amount="4.000000"))
     assert placed == ["a0"]
     assert pending_notes(decisions, built)["a1"].suggestion == (
-        "wait for the team's running jobs to end, lower max_runtime_seconds to at most 2160 "
+        "wait for the team's running jobs to end, lower max_runtime_seconds to at most 2130 "
         "(what is left of the budget covers), or ask a team admin or an operator to raise "
         "the budget (PUT /v1/budgets)"
     )
@@ -221,11 +248,11 @@ def test_a_job_no_ready_node_can_hold_reserves_nothing_in_the_pass() -> None:
     # before it, for as long as those nodes were away.
     rates = {**RATES, "h100": {"gpu_hour": "2.5"}}
     for first, amount in (
-        (waiting("first", "qa", seq=0, team="team-a", project="vision", gpu_flavor="h100"), "3"),
-        (waiting("first", "qa", gpus=9, seq=0, team="team-a", project="vision"), "24"),  # 8 ready
+        (hour_job("first", "qa", seq=0, team="team-a", project="vision", gpu_flavor="h100"), "3"),
+        (hour_job("first", "qa", gpus=9, seq=0, team="team-a", project="vision"), "24"),  # 8 ready
     ):
         # Room for the first (2.50, or 9 x 2.50) or the second (2.50), not both.
-        then = waiting("then", "qa", seq=1, team="team-a", project="vision")
+        then = hour_job("then", "qa", seq=1, team="team-a", project="vision")
         placed, built, _ = started(
             reserving_budget("team-a", amount=amount, rates=rates), pending=[first, then]
         )
@@ -233,7 +260,7 @@ def test_a_job_no_ready_node_can_hold_reserves_nothing_in_the_pass() -> None:
         assert built.unfit == {}
     # A cordoned node takes no new job: its GPUs do not count.
     cordoned = [{**node("n1"), "cordoned": True}, {**node("n2"), "cordoned": True}]
-    only = waiting("only", "qa", seq=0, team="team-a", project="vision")
-    before = waiting("before", "qa", seq=0, team="team-a", project="vision")
+    only = hour_job("only", "qa", seq=0, team="team-a", project="vision")
+    before = hour_job("before", "qa", seq=0, team="team-a", project="vision")
     _, built, _ = started(reserving_budget("team-a"), pending=[before, only], nodes=cordoned)
     assert built.unfit == {}

@@ -10,8 +10,8 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from tests.unit.scheduler.test_budget_reservations import reserving_budget, started
-from tests.unit.scheduler.test_convert import NOW, member, waiting
+from tests.unit.scheduler.test_budget_reservations import HOUR, hour_job, reserving_budget, started
+from tests.unit.scheduler.test_convert import NOW, member
 from trainyard_platform.services.scheduler.budget_holds import ALL_RUNNING, fit, reserving
 
 TEAM = {"team": "team-a", "project": "vision"}
@@ -21,7 +21,7 @@ def runner(job_id: str, ran: timedelta, node: str = "n1", **more: Any) -> dict[s
     """One allocation of a 1-GPU job of an hour (2.50 at worst) granted ``ran`` before NOW,
     and started then (unless ``more`` says otherwise)."""
     at = NOW - ran
-    row = {"gpus": 1, "max_runtime_seconds": 3600, "granted_at": at, "started_at": at}
+    row = {"gpus": 1, "max_runtime_seconds": HOUR, "granted_at": at, "started_at": at}
     return member(job_id, node, [0], **{**row, **TEAM, **more})
 
 
@@ -33,7 +33,7 @@ def state(**more: Any) -> dict[str, Any]:
 def reserved_before(queued: str, budget: dict[str, Any], *members: dict[str, Any]) -> Decimal:
     """What ``fit`` says is reserved before the third of three queued jobs of 2.50 each
     (which never fits): by the running ``members`` and the queued jobs before it that fit."""
-    jobs = [waiting(f"{queued}{i}", "qa", seq=i, **TEAM) for i in range(3)]
+    jobs = [hour_job(f"{queued}{i}", "qa", seq=i, **TEAM) for i in range(3)]
     by_job: dict[str, list[dict[str, Any]]] = {}
     for m in members:
         by_job.setdefault(m["job_id"], []).append(m)

@@ -9,8 +9,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from tests.unit.scheduler.test_budget_holds import implicit_queue_z
-from tests.unit.scheduler.test_budget_reservations import reserving_budget
-from tests.unit.scheduler.test_convert import HALF_LIFE, NOW, member, queue, rows, waiting
+from tests.unit.scheduler.test_budget_reservations import HOUR, hour_job, reserving_budget
+from tests.unit.scheduler.test_convert import HALF_LIFE, NOW, member, queue, rows
 from trainyard_platform.services.scheduler.convert import build_snapshot, pending_notes
 from trainyard_platform.services.scheduler.policy.engine import schedule
 from trainyard_platform.services.scheduler.policy.model import PolicyConfig
@@ -20,7 +20,7 @@ TEAM = {"team": "team-a", "project": "vision"}
 
 def small(i: int, at: datetime) -> dict[str, Any]:
     """1 GPU for an hour: 2.50 at worst."""
-    return waiting(f"s{i}", "qa", seq=10 + i, submitted_at=at, **TEAM)
+    return hour_job(f"s{i}", "qa", seq=10 + i, submitted_at=at, **TEAM)
 
 
 def running(job_id: str, granted_at: datetime) -> dict[str, Any]:
@@ -31,7 +31,7 @@ def running(job_id: str, granted_at: datetime) -> dict[str, Any]:
         gpus=1,
         queue="qa",
         priority_class="normal",
-        max_runtime_seconds=3600,
+        max_runtime_seconds=HOUR,
         granted_at=granted_at,
         **TEAM,
     )
@@ -40,7 +40,7 @@ def running(job_id: str, granted_at: datetime) -> dict[str, Any]:
 def simulate(passes: int) -> tuple[list[list[str]], Any]:
     """A pass every 30 minutes; a small job arrives before each and runs an hour. The large
     job (4 GPUs for an hour: 10.00 at worst, the whole budget) was queued first."""
-    big = waiting("big", "qa", gpus=4, seq=1, submitted_at=NOW - timedelta(minutes=10), **TEAM)
+    big = hour_job("big", "qa", gpus=4, seq=1, submitted_at=NOW - timedelta(minutes=10), **TEAM)
     pending = [big]
     on = [("s0", NOW - timedelta(minutes=30))]  # a small job of the team already running
     started: list[list[str]] = []
@@ -88,7 +88,8 @@ def test_jobs_behind_an_aged_job_are_told_what_they_wait_for() -> None:
     notes = pending_notes(decisions, built)
     assert notes["s3"].reason == (
         "held: the budget of team team-a cannot cover this job's worst case (2.500000 USD: "
-        "its GPUs, CPUs and memory for its max_runtime_seconds at the highest prices); "
+        "its GPUs, CPUs and memory for its max_runtime_seconds and the 30 s kill grace at the "
+        "highest prices); "
         "0.000000 of 10.000000 USD is spent in 2025-03 and 12.500000 USD is reserved by jobs "
         "before it, 10.000000 USD of it kept for 1 job queued before it that has waited over "
         "1 h and starts first; it starts when the jobs before it have started and left room, "
@@ -107,7 +108,7 @@ def simulate_high_stream(passes: int) -> list[list[str]]:
     """As ``simulate``, but the small job arriving before each pass is of class ``high``,
     two levels above the large ``normal`` job: the start order of its budget puts each
     before the large job until the large one has waited an ageing (1 h) longer than it."""
-    big = waiting("big", "qa", gpus=4, seq=1, submitted_at=NOW - timedelta(minutes=10), **TEAM)
+    big = hour_job("big", "qa", gpus=4, seq=1, submitted_at=NOW - timedelta(minutes=10), **TEAM)
     big["priority_class"] = "normal"
     pending = [big]
     on = [("s0", NOW - timedelta(minutes=30))]

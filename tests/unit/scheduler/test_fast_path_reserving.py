@@ -9,8 +9,8 @@ from datetime import timedelta
 from typing import Any
 
 from tests.unit.scheduler.test_budget_holds import implicit_queue_z
-from tests.unit.scheduler.test_budget_reservations import reserving_budget
-from tests.unit.scheduler.test_convert import HALF_LIFE, NOW, queue, rows, waiting
+from tests.unit.scheduler.test_budget_reservations import hour_job, reserving_budget
+from tests.unit.scheduler.test_convert import HALF_LIFE, NOW, queue, rows
 from trainyard_platform.services.scheduler.convert import Built, build_snapshot
 from trainyard_platform.services.scheduler.fast_path import Kept, _fits_as_before
 from trainyard_platform.services.scheduler.policy.engine import PolicyState
@@ -36,7 +36,7 @@ def kept(pending: list[dict[str, Any]], amount: str = "10.000000") -> Kept:
 
 
 def job(job_id: str, seq: int, gpus: int = 1, **more: Any) -> dict[str, Any]:
-    return waiting(job_id, "qa", gpus=gpus, seq=seq, **{**TEAM, **more})
+    return hour_job(job_id, "qa", gpus=gpus, seq=seq, **{**TEAM, **more})
 
 
 def test_an_arrival_that_fits_after_the_others_leaves_them_as_they_were() -> None:

@@ -17,7 +17,10 @@ from trainyard_platform.services.submission.errors import Conflict
 from trainyard_platform.services.submission.governance import Screening
 from trainyard_platform.services.submission.schemas import JobRequest
 from trainyard_platform.shared.http_errors import RequestInvalid
+from trainyard_platform.shared.worst_case import KILL_GRACE_SECONDS
 
+TEN_HOURS = 36000 - KILL_GRACE_SECONDS
+"""A ``max_runtime_seconds`` whose attempt (it and the runner's kill grace) is 10 hours."""
 RATES = {"a100": {"gpu_hour": "2.5", "cpu_hour": "0.1", "memory_gib_hour": "0.01"}}
 
 
@@ -37,7 +40,7 @@ def reserving(project: str = "", **more: Any) -> dict[str, Any]:
     return {**row, **more}
 
 
-def job(max_runtime_seconds: int = 36000, gpus: int = 1, **more: Any) -> JobRequest:
+def job(max_runtime_seconds: int = TEN_HOURS, gpus: int = 1, **more: Any) -> JobRequest:
     body = {"name": "j", "entrypoint": "train", "gpus": gpus, "gpu_flavor": "a100"}
     return JobRequest.model_validate(
         {**body, "max_runtime_seconds": max_runtime_seconds, "project": "nlp", **more}
@@ -58,9 +61,9 @@ def test_a_job_over_the_whole_budget_is_refused_naming_max_runtime_seconds() -> 
     assert refused.detail == "this job's worst case is more than the whole budget of team ml"
     assert error.message == (
         "this job's worst case (25.000000 USD: its GPUs, CPUs and memory for its "
-        "max_runtime_seconds at the highest prices) is more than the whole budget of team ml "
-        "(3.000000 USD a month): the scheduler could never start it; lower "
-        "max_runtime_seconds to at most 4320 (what the budget covers at these prices), or ask "
+        "max_runtime_seconds and the 30 s kill grace at the highest prices) is more than the "
+        "whole budget of team ml (3.000000 USD a month): the scheduler could never start it; "
+        "lower max_runtime_seconds to at most 4290 (what the budget covers at these prices), or ask "
         "a team admin or an operator to raise the budget to at least 25.000000 USD "
         "(PUT /v1/budgets)"
     )
@@ -74,8 +77,9 @@ def test_a_job_over_the_whole_budget_is_refused_naming_max_runtime_seconds() -> 
 
 
 def test_what_the_budget_covers_is_admitted_and_a_raise_admits_the_job() -> None:
-    assert Screening("ml", ["a100"], [reserving()]).admit(job(4320))[1] == []
-    refusal(Screening("ml", ["a100"], [reserving()]), job(4321))
+    # 3.00 covers 4320 s at 2.50 an hour: the limit and the 30 s grace after it.
+    assert Screening("ml", ["a100"], [reserving()]).admit(job(4290))[1] == []
+    refusal(Screening("ml", ["a100"], [reserving()]), job(4291))
     raised = Screening("ml", ["a100"], [reserving(amount="30")])
     assert raised.admit(job())[1] == []  # what billing says after a raise lets it in
 
@@ -85,10 +89,11 @@ def test_the_project_s_budget_refuses_too_and_cpus_and_memory_count() -> None:
     assert "whole budget of project nlp of ml" in refused.errors[0].message
     # 2.5 + 8 * 0.1 + 64 * 0.01 = 3.94 an hour: one hour is over 3.00.
     refused = refusal(
-        Screening("ml", ["a100"], [reserving()]), job(3600, cpus_per_gpu=8, memory_gib_per_gpu=64)
+        Screening("ml", ["a100"], [reserving()]),
+        job(3600 - KILL_GRACE_SECONDS, cpus_per_gpu=8, memory_gib_per_gpu=64),
     )
     assert "(3.940000 USD:" in refused.errors[0].message
-    assert "at most 2741" in refused.errors[0].message
+    assert "at most 2711" in refused.errors[0].message  # 2741 s less the grace
 
 
 def test_not_a_second_fits_names_gpus() -> None:
