@@ -82,6 +82,13 @@ comparison, or ``*``: ``none_match``) answers 304 instead, with its headers but 
 resource with the tag it holds reads nothing more, and ``GET`` and ``HEAD`` answer alike. A
 route whose body is work checks ``none_match`` itself before doing it. A write's
 ``If-None-Match`` is its condition (``preconditions``), never a 304.
+A ``GET`` route that answers with an ``ETag`` says so with ``response_headers=[ETAG]``
+(Litestar's own mechanism: its 200 documents the header); ``service_app`` then documents
+its conditional read on it, one mechanism for every service: the 304 (``NOT_MODIFIED``,
+no body) among its responses and the ``If-None-Match`` request header among its parameters
+(``IF_NONE_MATCH_READ``, added by its operation class, since the edge reads it, not the
+handler). Such a route keeps Litestar's default operation class; building an app where
+one does not fails, naming the route.
 
 ``OPTIONS`` of a route (204, after the guard) names in ``Allow`` every method the route
 serves, ``HEAD`` included, as its 405 does (``_allow_of``).
@@ -110,8 +117,9 @@ from typing import Annotated, Any, Final, TypeVar, cast
 from litestar import HttpMethod, Litestar, Request, Response, Router, head
 from litestar.config.cors import CORSConfig
 from litestar.connection import ASGIConnection
-from litestar.datastructures import MutableScopeHeaders
+from litestar.datastructures import MutableScopeHeaders, ResponseHeader
 from litestar.di import NamedDependency, Provide
+from litestar.enums import ParamType
 from litestar.exceptions import ImproperlyConfiguredException
 from litestar.handlers import HTTPRouteHandler
 from litestar.openapi import OpenAPIConfig, ResponseSpec
@@ -120,6 +128,7 @@ from litestar.openapi.spec import (
     OpenAPIMediaType,
     OpenAPIType,
     Operation,
+    Parameter,
     RequestBody,
     Schema,
     SecurityScheme,
@@ -508,6 +517,62 @@ async def _edge_headers(message: Message, scope: Scope) -> None:
             headers[name] = value
 
 
+ETAG: Final = ResponseHeader(
+    name="ETag",
+    documentation_only=True,  # the route sets it (``tagged``): its value is the resource's
+    description="the resource's strong entity tag: If-Match of a write proceeds only while "
+    "it is still this; If-None-Match of a GET or HEAD naming it answers 304",
+)
+"""``response_headers=[ETAG]`` of a ``GET`` route that answers with an ``ETag`` (see the
+module, "Conditional reads")."""
+NOT_MODIFIED: Final = ResponseSpec(
+    None,
+    description="not modified: If-None-Match names the ETag the resource still has (or is "
+    "*); its headers, ETag among them, and no body",
+    generate_examples=False,
+)
+"""The 304 of a route that answers with an ``ETag``, as its OpenAPI document says it."""
+IF_NONE_MATCH_READ: Final = Parameter(
+    name="If-None-Match",
+    param_in=ParamType.HEADER,
+    required=False,
+    # What the edge understands (``none_match``): *, or a list of entity tags, weak or not.
+    schema=Schema(
+        type=OpenAPIType.STRING,
+        pattern=r'^\s*(\*|(W/)?"[\x21\x23-\x7e]*"(\s*,\s*(W/)?"[\x21\x23-\x7e]*")*)\s*$',
+    ),
+    description="ETags the caller holds (weak comparison), or *: 304 with no body when one "
+    "is the resource's; any other value, or no match, answers the resource",
+)
+"""The ``If-None-Match`` header of a conditional read, as its OpenAPI document says it: read
+at the edge (``_not_modified``), no parameter of the handler."""
+
+
+@dataclass
+class _ConditionalReadOperation(Operation):
+    """The operation of a ``GET`` route that answers with an ``ETag``: its parameters and
+    ``If-None-Match`` (``IF_NONE_MATCH_READ``)."""
+
+    def __post_init__(self) -> None:
+        self.parameters = [*(self.parameters or []), IF_NONE_MATCH_READ]
+
+
+def _document_conditional_read(handler: HTTPRouteHandler) -> None:
+    """Document the 304 and ``If-None-Match`` of ``handler`` when it is a ``GET`` that
+    answers with an ``ETag`` (``response_headers=[ETAG]``); ``ImproperlyConfiguredException``
+    when it has an operation class of its own, which would lose the header."""
+    etagged = any(h.name.lower() == "etag" for h in handler.response_headers or ())
+    if HttpMethod.GET not in handler.http_methods or not etagged:
+        return
+    if handler.operation_class not in (Operation, _ConditionalReadOperation):  # built again
+        raise ImproperlyConfiguredException(
+            f"GET {', '.join(sorted(handler.paths))}: it answers with an ETag, and its "
+            "operation class would leave If-None-Match out of its document"
+        )
+    handler.responses = {**(handler.responses or {}), 304: NOT_MODIFIED}
+    handler.operation_class = _ConditionalReadOperation
+
+
 _ANY_TAG = re.compile(r'(?:W/)?"([\x21\x23-\x7e]*)"')
 """An entity tag of ``If-None-Match``, weak or strong: its opaque part."""
 _TAG_LIST = re.compile(rf"\s*{_ANY_TAG.pattern}(?:\s*,\s*{_ANY_TAG.pattern})*\s*")
@@ -703,6 +768,7 @@ def service_app(
     allowed: dict[int, str] = {}  # filled below, once every route is made
     route_handlers = head_routes(route_handlers)
     for handler in _http_handlers(route_handlers):
+        _document_conditional_read(handler)
         handler.responses = dict(sorted({**everywhere, **(handler.responses or {})}.items()))
     app = Litestar(
         route_handlers=list(route_handlers),

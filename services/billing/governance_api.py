@@ -94,6 +94,7 @@ from trainyard_platform.shared import audit, paging
 from trainyard_platform.shared.access import Teams, needs, only_reads
 from trainyard_platform.shared.events.payloads import MAX_PRICED_FLAVORS
 from trainyard_platform.shared.http_app import (
+    ETAG,
     Conditions,
     Preconditions,
     entity_tag,
@@ -264,7 +265,7 @@ def governance_routes(
         query = {**({"flavor": flavor} if flavor else {}), "limit": str(limit)}
         return paging.listed(views, "/v1/prices", query, cursor)
 
-    @get("/v1/prices/{flavor:str}", responses=error_responses(404))
+    @get("/v1/prices/{flavor:str}", response_headers=[ETAG], responses=error_responses(404))
     async def get_prices(
         flavor: Annotated[str, PathParameter(pattern=FLAVOR, min_length=1, max_length=40)],
     ) -> Response[list[PriceView]]:
@@ -552,12 +553,16 @@ def governance_routes(
     delete_responses = error_responses(404, 412)
     example = {"amount": "1000", "thresholds": [50, 80, 100], "policy": "warn"}
 
-    @get("/v1/budgets/{team:str}", responses=error_responses(404))
+    @get("/v1/budgets/{team:str}", response_headers=[ETAG], responses=error_responses(404))
     async def get_team_budget(team: TeamPath, principal: Caller) -> Response[BudgetView]:
         """The budget, spent this month, with its ``ETag`` (for ``If-Match``)."""
         return await _get(principal, team, None)
 
-    @get("/v1/budgets/{team:str}/{project:str}", responses=error_responses(404))
+    @get(
+        "/v1/budgets/{team:str}/{project:str}",
+        response_headers=[ETAG],
+        responses=error_responses(404),
+    )
     async def get_project_budget(
         team: TeamPath, project: ProjectPath, principal: Caller
     ) -> Response[BudgetView]:

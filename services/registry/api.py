@@ -58,7 +58,7 @@ from trainyard_platform.services.registry.transfers import (
 )
 from trainyard_platform.shared import paging
 from trainyard_platform.shared.audit import audit_route
-from trainyard_platform.shared.http_app import error_responses, service_app, tagged
+from trainyard_platform.shared.http_app import ETAG, error_responses, service_app, tagged
 from trainyard_platform.shared.identity import Principal
 from trainyard_platform.shared.slots import Slots
 from trainyard_platform.shared.storage import ObjectStore
@@ -116,6 +116,7 @@ def create_app(
 
     @get(
         "/v1/models/{team:str}/{name:str}/versions/{version:int}",
+        response_headers=[ETAG],
         responses=error_responses(404),
     )
     async def get_version(

@@ -112,6 +112,7 @@ from trainyard_platform.services.registry.transfers import Transfers
 from trainyard_platform.shared import audit, paging
 from trainyard_platform.shared.access import Teams, needs
 from trainyard_platform.shared.http_app import (
+    ETAG,
     Conditions,
     body_is_work,
     entity_tag,
@@ -337,6 +338,7 @@ def model_routes(
 
     @get(
         "/v1/models/{team:str}/{name:str}",
+        response_headers=[ETAG],
         summary="A model with its aliases, and its ETag (for If-Match on DELETE)",
         responses=error_responses(404),
     )
@@ -585,6 +587,7 @@ def model_routes(
 
     @get(
         "/v1/models/{team:str}/{name:str}/versions/{version:int}/content",
+        response_headers=[ETAG],
         summary="The version's artifact, verified against its sha256 before it is sent",
         responses=error_responses(404, 409),
         media_type="application/octet-stream",
@@ -676,6 +679,7 @@ def model_routes(
 
     @get(
         "/v1/models/{team:str}/{name:str}/aliases/{alias:str}",
+        response_headers=[ETAG],
         summary="Where an alias points, with its ETag (for If-Match on PUT and DELETE)",
         responses=error_responses(404),
     )

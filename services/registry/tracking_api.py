@@ -74,6 +74,7 @@ from trainyard_platform.services.registry.tracking_schemas import (
 from trainyard_platform.shared import audit, paging
 from trainyard_platform.shared.access import needs
 from trainyard_platform.shared.http_app import (
+    ETAG,
     Conditions,
     entity_tag,
     error_responses,
@@ -412,7 +413,7 @@ def tracking_routes(pool: asyncpg.Pool, comparing: Slots) -> list[HTTPRouteHandl
             tags, note = await repo.tags_and_note(conn, job_id)
         return RunAnnotations(job_id=job_id, tags=tags, note=note)
 
-    @get("/v1/jobs/{job_id:str}/note", responses=error_responses(404))
+    @get("/v1/jobs/{job_id:str}/note", response_headers=[ETAG], responses=error_responses(404))
     async def get_note(job_id: FromPath[str], principal: Caller) -> Response[RunAnnotations]:
         """The run's tags and note, with the note's ``ETag`` (for ``If-Match`` on ``PUT``)."""
         async with pool.acquire() as conn:

@@ -93,6 +93,7 @@ from trainyard_platform.shared import paging
 from trainyard_platform.shared.access import Teams, needs
 from trainyard_platform.shared.audit import audit_route
 from trainyard_platform.shared.http_app import (
+    ETAG,
     Conditions,
     error_responses,
     json_request_body,
@@ -148,7 +149,7 @@ def admin_router(pool: asyncpg.Pool) -> Router:
         flavors, cursor = await admin.list_flavors(pool, limit, after)
         return paging.listed(flavors, "/v1/admin/flavors", {"limit": str(limit)}, cursor)
 
-    @get("/flavors/{name:str}", responses=error_responses(404))
+    @get("/flavors/{name:str}", response_headers=[ETAG], responses=error_responses(404))
     async def get_flavor(name: FromPath[str]) -> Response[FlavorView]:
         """The flavor, with its ``ETag`` (for ``If-Match``)."""
         view = await admin.get_flavor(pool, name)
@@ -188,7 +189,7 @@ def admin_router(pool: asyncpg.Pool) -> Router:
         cohorts, cursor = await admin.list_cohorts(pool, limit, after)
         return paging.listed(cohorts, "/v1/admin/cohorts", {"limit": str(limit)}, cursor)
 
-    @get("/cohorts/{name:str}", responses=error_responses(404))
+    @get("/cohorts/{name:str}", response_headers=[ETAG], responses=error_responses(404))
     async def get_cohort(name: FromPath[str]) -> Response[CohortView]:
         """The cohort, with its ``ETag`` (for ``If-Match``)."""
         view = await admin.get_cohort(pool, name)
@@ -229,7 +230,7 @@ def admin_router(pool: asyncpg.Pool) -> Router:
         queues, cursor = await admin.list_queues(pool, limit, after)
         return paging.listed(queues, "/v1/admin/queues", {"limit": str(limit)}, cursor)
 
-    @get("/queues/{name:str}", responses=error_responses(404))
+    @get("/queues/{name:str}", response_headers=[ETAG], responses=error_responses(404))
     async def get_queue(name: FromPath[str]) -> Response[QueueConfigView]:
         """The queue and its quotas, with its ``ETag`` (for ``If-Match``)."""
         view = await admin.get_queue(pool, name)
@@ -294,7 +295,7 @@ def admin_router(pool: asyncpg.Pool) -> Router:
         classes, cursor = await admin.list_priority_classes(pool, limit, after)
         return paging.listed(classes, "/v1/admin/priority-classes", {"limit": str(limit)}, cursor)
 
-    @get("/priority-classes/{name:str}", responses=error_responses(404))
+    @get("/priority-classes/{name:str}", response_headers=[ETAG], responses=error_responses(404))
     async def get_class(name: FromPath[str]) -> Response[PriorityClassView]:
         """The priority class, with its ``ETag`` (for ``If-Match``)."""
         view = await admin.get_priority_class(pool, name)
@@ -355,6 +356,7 @@ def admin_router(pool: asyncpg.Pool) -> Router:
 
     @get(
         "/node-inventory/{node_id:str}",
+        response_headers=[ETAG],
         opt=needs(Role.OPERATOR),
         responses=error_responses(404),
     )
@@ -411,7 +413,12 @@ def admin_router(pool: asyncpg.Pool) -> Router:
         under ``TRAINYARD_SCHEDULER_NODE_INVENTORY=required``)."""
         await admin.delete_node_declaration(pool, node_id, principal, conditions)
 
-    @get("/nodes/{node_id:str}/cordon", opt=needs(Role.OPERATOR), responses=error_responses(404))
+    @get(
+        "/nodes/{node_id:str}/cordon",
+        response_headers=[ETAG],
+        opt=needs(Role.OPERATOR),
+        responses=error_responses(404),
+    )
     async def get_node_cordon(node_id: FromPath[str]) -> Response[NodeCordonView]:
         """The node's cordon (null: it takes new work), with its ``ETag`` (for ``If-Match``
         on ``cordon`` and ``uncordon``)."""

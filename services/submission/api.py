@@ -164,6 +164,7 @@ from trainyard_platform.shared.auth import hash_token, presented_token
 from trainyard_platform.shared.bundle_archive import BundleRefused, check_bundle
 from trainyard_platform.shared.events.payloads import BUNDLE_SHA256_PATTERN
 from trainyard_platform.shared.http_app import (
+    ETAG,
     Conditions,
     body_is_work,
     bytes_request_body,
@@ -366,7 +367,12 @@ async def list_users(
     return paging.listed(users, "/v1/admin/users", query, cursor)
 
 
-@get("/admin/users/{name:str}", opt=needs(Role.ADMIN), responses=error_responses(404))
+@get(
+    "/admin/users/{name:str}",
+    response_headers=[ETAG],
+    opt=needs(Role.ADMIN),
+    responses=error_responses(404),
+)
 async def get_user(
     name: Annotated[str, PathParameter(schema_extra={"pattern": NAME_PATTERN})],
     pool: Pool,
@@ -693,7 +699,7 @@ async def _check_again(request: AnyRequest, front: Front) -> None:
     )
 
 
-@get("/jobs/{job_id:str}", responses=error_responses(404))
+@get("/jobs/{job_id:str}", response_headers=[ETAG], responses=error_responses(404))
 async def get_job(job_id: FromPath[str], pool: Pool, caller: Me) -> Response[JobView]:
     """The job, with its ``ETag`` (``commands.job_tag``; for ``If-Match`` on its cancel)."""
     view = await commands.get_job(pool, caller, job_id)

@@ -384,6 +384,50 @@ async def test_the_documents_declare_the_errors_the_security_and_the_bodies(
     assert "ErrorBody" in document["components"]["schemas"]
 
 
+ETAGGED: dict[str, set[str]] = {
+    "submission": {"/v1/admin/users/{name}", "/v1/jobs/{job_id}"},
+    "scheduler": {
+        *(f"/v1/admin/{kind}/{{name}}" for kind in ("flavors", "cohorts", "queues")),
+        "/v1/admin/priority-classes/{name}",
+        "/v1/admin/node-inventory/{node_id}",
+        "/v1/admin/nodes/{node_id}/cordon",
+    },
+    "registry": {
+        "/v1/jobs/{job_id}/note",
+        "/v1/models/{team}/{name}",
+        "/v1/models/{team}/{name}/versions/{version}",
+        "/v1/models/{team}/{name}/versions/{version}/content",
+        "/v1/models/{team}/{name}/aliases/{alias}",
+    },
+    "billing": {"/v1/prices/{flavor}", "/v1/budgets/{team}", "/v1/budgets/{team}/{project}"},
+    "runner": set(),
+}
+"""The ``GET`` routes that answer with an ``ETag`` (``tagged``, or the header set by hand),
+to each of which the app's edge answers 304 when ``If-None-Match`` names it."""
+
+
+@pytest.mark.parametrize("service", SERVICES)
+async def test_every_get_with_an_etag_documents_its_304_and_if_none_match(
+    service: str, fuzzed: Fuzzed
+) -> None:
+    """Each route that can answer with an ``ETag`` documents the header, the 304 the edge
+    answers in its stead and the ``If-None-Match`` that asks for it
+    (``shared.http_app.ETAG``); no other ``GET`` documents a 304. Before, no document
+    listed either, so the fuzz never sent the header and a client never knew of the 304."""
+    document = await document_of(fuzzed, service)
+    documented = set()
+    for path, item in document["paths"].items():
+        operation = item.get("get")
+        if operation is None or "304" not in operation["responses"]:
+            continue
+        documented.add(path)
+        assert "content" not in operation["responses"]["304"], path  # no body
+        assert "ETag" in operation["responses"]["200"]["headers"], path
+        headers = {p["name"] for p in operation.get("parameters", []) if p["in"] == "header"}
+        assert "If-None-Match" in headers, path
+    assert documented == ETAGGED[service]
+
+
 INT64_MAX = 2**63 - 1
 UNHOLDABLE: dict[str, list[tuple[str, str, str]]] = {
     "submission": [
