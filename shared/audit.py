@@ -12,6 +12,17 @@ Contract:
 - ``audit_route`` serves ``GET /v1/audit`` (newest first, by id; ``before`` an id to start
   below; ``since`` and ``until`` bound the entries' time, ``since <= at < until``; paged with
   the platform's cursor, ``shared.paging``), to operators only.
+- NDJSON export: the same route with ``Accept: application/x-ndjson`` (``NDJSON``, preferred
+  over JSON by the header's weights) streams every entry of the window (``since``,
+  ``until``, ``before``) oldest first, in id order, one ``AuditEntry`` JSON object a line,
+  with the same authorisation and the same 422s. It never holds the window in memory: it
+  reads keyset pages of ``EXPORT_PAGE`` entries from the database (``oldest``), each on a
+  connection taken for that page only, up to the newest id when the export began (entries
+  written after it are left for the next export). ``limit`` and ``after`` (the JSON list's
+  paging) are a 422 naming them. Once its first line is sent its status is said: a
+  failure after it (the database lost) ends the answer without its last chunk, so a client
+  sees a broken transfer, never a short export that looks whole. A ``HEAD`` answers its
+  headers with no database read beyond the check of its window.
 - Export: ids only grow, so paging by id never lists an entry twice nor skips one committed
   before the first page was read (new ones, above it, are left for the next export). An
   entry is numbered when its write inserts it and seen once that write commits: a window
@@ -21,14 +32,18 @@ Contract:
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Final, cast
 
 import asyncpg
-from litestar import Response, get
+from litestar import Request, Response, get
 from litestar.di import NamedDependency
 from litestar.handlers import HTTPRouteHandler
+from litestar.openapi.spec import OpenAPIMediaType, OpenAPIResponse, OpenAPIType, Operation, Schema
 from litestar.params import QueryParameter
+from litestar.response import Stream
 from pydantic import BaseModel
 
 from trainyard_platform.shared import paging
@@ -100,6 +115,80 @@ async def entries(
     return [AuditEntry(**dict(row)) for row in rows]
 
 
+async def oldest(
+    conn: asyncpg.Connection,
+    after_id: int,
+    through_id: int,
+    limit: int,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> list[AuditEntry]:
+    """The oldest ``limit`` entries with an id above ``after_id`` and at most
+    ``through_id``, written at or after ``since`` and before ``until``: one keyset page of
+    an export, in id order."""
+    rows = await conn.fetch(
+        """SELECT id, at, actor, team, role, token_id, action, target, detail FROM audit_log
+           WHERE id > $1 AND id <= $2
+             AND ($4::timestamptz IS NULL OR at >= $4)
+             AND ($5::timestamptz IS NULL OR at < $5)
+           ORDER BY id LIMIT $3""",
+        after_id,
+        through_id,
+        limit,
+        since,
+        until,
+    )
+    return [AuditEntry(**dict(row)) for row in rows]
+
+
+JSON: Final = "application/json"
+NDJSON: Final = "application/x-ndjson"
+"""The media type of the export: one JSON object a line (``Accept`` asks for it)."""
+EXPORT_PAGE: Final = 500
+"""Entries an export reads from the database at a time."""
+
+
+async def export_lines(
+    pool: asyncpg.Pool,
+    before: int | None,
+    since: datetime | None,
+    until: datetime | None,
+    page: int = EXPORT_PAGE,
+) -> AsyncIterator[bytes]:
+    """Every entry below ``before`` in the window, oldest first, as NDJSON: a chunk of lines
+    per keyset page (``oldest``), each page read on a connection held for it alone, up to
+    the newest id when the export began (module contract)."""
+    async with pool.acquire() as conn:
+        top = await conn.fetchval(
+            "SELECT max(id) FROM audit_log WHERE ($1::bigint IS NULL OR id < $1)", before
+        )
+    last = 0
+    while top is not None:
+        async with pool.acquire() as conn:
+            found = await oldest(conn, last, top, page, since, until)
+        if not found:
+            return
+        yield b"".join(entry.model_dump_json().encode() + b"\n" for entry in found)
+        if len(found) < page:
+            return
+        last = found[-1].id
+
+
+@dataclass
+class _AuditOperation(Operation):
+    """``GET /v1/audit``'s operation: its 200 is JSON (a page) or NDJSON (the export)."""
+
+    def __post_init__(self) -> None:
+        ok = (self.responses or {}).get("200")
+        if isinstance(ok, OpenAPIResponse):
+            lines = Schema(
+                type=OpenAPIType.STRING,
+                description="every entry of the window, oldest first: one AuditEntry JSON "
+                "object a line",
+            )
+            ok.content = {**(ok.content or {}), NDJSON: OpenAPIMediaType(schema=lines)}
+
+
 CURSOR = paging.Cursor("GET /v1/audit", paging.integer)
 """A page's position in a service's audit log (``of`` the service: each has its own)."""
 
@@ -126,10 +215,18 @@ def audit_route(pool: asyncpg.Pool, service: str) -> HTTPRouteHandler:
     than that id, ``since`` those written at or after that time, ``until`` those written
     before it; a page is at most ``limit`` entries and, while more follow, ``Link:
     <...&after=CURSOR>; rel="next"`` names the next, with the same filters
-    (``shared.paging``, as every list whose body is a list)."""
+    (``shared.paging``, as every list whose body is a list). With ``Accept:
+    application/x-ndjson``: the whole window as NDJSON, oldest first (module contract)."""
 
-    @get("/v1/audit", opt=needs(Role.OPERATOR))
+    @get(
+        "/v1/audit",
+        opt=needs(Role.OPERATOR),
+        operation_class=_AuditOperation,
+        description="A page of entries, newest first; with Accept: application/x-ndjson, "
+        "every entry of the window, oldest first, one JSON object a line.",
+    )
     async def audit_log(
+        request: Request[Any, Any, Any],
         principal: NamedDependency[Principal],
         before: Annotated[
             int | None,
@@ -152,6 +249,8 @@ def audit_route(pool: asyncpg.Pool, service: str) -> HTTPRouteHandler:
             raise RequestInvalid.one(
                 "until", f"must not be before since ({since.isoformat()}): the window is empty"
             )
+        if request.accept.best_match([JSON, NDJSON], default=JSON) == NDJSON:
+            return _export(request, pool, before, since, until)
         key = CURSOR.read(after, of=service)
         below = [i for i in (before, None if key is None else key[0]) if i is not None]
         async with pool.acquire() as conn:
@@ -167,3 +266,24 @@ def audit_route(pool: asyncpg.Pool, service: str) -> HTTPRouteHandler:
         return paging.listed(list(page), "/v1/audit", query, cursor)
 
     return audit_log
+
+
+def _export(
+    request: Request[Any, Any, Any],
+    pool: asyncpg.Pool,
+    before: int | None,
+    since: datetime | None,
+    until: datetime | None,
+) -> Response[list[AuditEntry]]:
+    """The NDJSON export of the window (``export_lines``); 422 naming ``limit`` or
+    ``after`` when given: an export is every entry, not a page."""
+    paged = [name for name in ("limit", "after") if name in request.query_params]
+    if paged:
+        raise RequestInvalid.one(
+            paged[0],
+            "pages the JSON list; an export (Accept: application/x-ndjson) is every entry of "
+            "the window: leave it out",
+        )
+    # A HEAD's body is never sent: it reads nothing for it.
+    lines = iter(()) if request.method == "HEAD" else export_lines(pool, before, since, until)
+    return cast(Response[list[AuditEntry]], Stream(lines, media_type=NDJSON))

@@ -12,10 +12,15 @@
                                                      give a user another role (admins)
     trainyard user disable NAME [--team T] [--if-match ETAG]
                                                      disable a user, revoke its tokens (admins)
-    trainyard audit [--limit N | --all] [--before ID] [--since T] [--until T]
+    trainyard audit [--limit N | --all | --ndjson] [--before ID] [--since T] [--until T]
                                                      a service's audit log (operators;
                                                      --url: that service, submission's
                                                      by default)
+
+``audit --ndjson`` writes every entry of the window to stdout as it streams, oldest first,
+one JSON object a line (the service's ``Accept: application/x-ndjson`` export): an
+auditor's export of any size, never held in memory. A refusal, or an export that breaks off,
+is an error (exit non-zero) after the lines already written.
 
 A new token is printed once, alone on stdout with ``--json`` off, so that
 ``export TRAINYARD_TOKEN=$(trainyard token rotate)`` works.
@@ -103,6 +108,11 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     how_many.add_argument(
         "--all", action="store_true", help="every entry (with --json: an export of the window)"
     )
+    how_many.add_argument(
+        "--ndjson",
+        action="store_true",
+        help="every entry of the window, oldest first, one JSON object a line as it streams",
+    )
     audit.add_argument("--before", type=positive_arg, help="entries older than this id")
     audit.add_argument(
         "--since", metavar="TIME", help="entries written at or after this RFC 3339 time"
@@ -116,6 +126,10 @@ def run(client: TrainyardClient, args: argparse.Namespace, as_json: bool) -> Any
     if args.command == "whoami":
         me = client.whoami()
         return me if as_json else render_whoami(me)
+    if args.command == "audit" and args.ndjson:
+        for line in client.audit_export(before=args.before, since=args.since, until=args.until):
+            print(line)
+        return None
     if args.command == "audit":
         entries = client.audit(
             before=args.before,

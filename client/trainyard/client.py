@@ -26,7 +26,7 @@ import email.utils
 import json
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
@@ -386,6 +386,43 @@ class TrainyardClient:
         }
         return self._list("GET", "/v1/audit", params=params, most=limit)
 
+    def audit_export(
+        self, before: int | None = None, since: str | None = None, until: str | None = None
+    ) -> Iterator[str]:
+        """Every entry of the audit log below the id ``before``, written at or after ``since``
+        and before ``until``, oldest first: each the line of JSON the service sent
+        (``GET /v1/audit`` with ``Accept: application/x-ndjson``), read as it streams, so no
+        window is held in memory. A refusal raises as every request's does; an answer that
+        is no NDJSON (a service older than this client answers a JSON page), a line that is
+        no JSON object, and a transfer that breaks off (the service lost its database
+        mid-export) raise too, so a short export never passes for a whole one."""
+        params: dict[str, int | str] = {
+            **({"before": before} if before else {}),
+            **({"since": since} if since else {}),
+            **({"until": until} if until else {}),
+        }
+        headers = inject({"Accept": AUDIT_NDJSON})
+        try:
+            with self._http.stream("GET", "/v1/audit", params=params, headers=headers) as answer:
+                if not answer.is_success:
+                    answer.read()
+                    raise refusal(answer)
+                if answer.headers.get("Content-Type", "").split(";")[0].strip() != AUDIT_NDJSON:
+                    answer.read()
+                    raise MalformedAnswer(
+                        answer, "not an NDJSON export (the service may be older than this client)"
+                    )
+                for line in answer.iter_lines():
+                    if not line:
+                        continue
+                    if not isinstance(_parsed(line), dict):
+                        raise MalformedAnswer(answer, "a line of the export is no JSON object")
+                    yield line
+        except httpx.HTTPError as exc:
+            raise TrainyardError(
+                0, f"the audit export from {self._http.base_url} broke off: {exc}"
+            ) from exc
+
     def bundle_stored(self, sha256: str) -> bool:
         """Whether the caller's team has uploaded the bundle ``sha256``."""
         path = f"/v1/bundles/{segment(sha256)}"
@@ -506,6 +543,18 @@ def client_version() -> str | None:
     try:
         return metadata.version("trainyard")
     except metadata.PackageNotFoundError:
+        return None
+
+
+AUDIT_NDJSON = "application/x-ndjson"
+"""The media type of the audit log's export: one JSON object a line."""
+
+
+def _parsed(line: str) -> Any:
+    """``line`` as JSON, or None when it is none."""
+    try:
+        return json.loads(line)
+    except ValueError:
         return None
 
 

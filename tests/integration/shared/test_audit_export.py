@@ -3,6 +3,7 @@ nor repeats an entry while new ones are written."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -117,3 +118,120 @@ async def test_the_openapi_document_types_the_window(http: httpx.AsyncClient) ->
         schema = parameters[name]["schema"]
         kinds = schema.get("oneOf", [schema])
         assert any(k.get("format") == "date-time" for k in kinds), schema
+
+
+NDJSON_ACCEPT = {**AUTH, "Accept": "application/x-ndjson"}
+
+
+async def _ndjson(http: httpx.AsyncClient, url: str) -> list[dict[str, Any]]:
+    """The NDJSON export at ``url``, read as a stream, each line an entry."""
+    lines: list[dict[str, Any]] = []
+    async with http.stream("GET", url, headers=NDJSON_ACCEPT) as answer:
+        assert answer.status_code == 200, await answer.aread()
+        assert answer.headers["content-type"].startswith("application/x-ndjson")
+        assert "link" not in answer.headers  # every entry, no next page
+        async for line in answer.aiter_lines():
+            if line:
+                lines.append(json.loads(line))
+    return lines
+
+
+async def test_the_ndjson_export_streams_the_window_oldest_first(
+    pool: asyncpg.Pool, http: httpx.AsyncClient
+) -> None:
+    for hour in (3, 0, 5, 1, 4, 2):  # ids in another order than the times
+        await _write(pool, f"h{hour}", T0 + timedelta(hours=hour))
+
+    window = await _ndjson(http, "/v1/audit?since=2026-03-01T01:00:00Z&until=2026-03-01T04:00:00Z")
+    # In id order (the order they were written), since inclusive, until exclusive.
+    assert [e["target"] for e in window] == ["h3", "h1", "h2"]
+    assert [e["id"] for e in window] == sorted(e["id"] for e in window)
+    assert set(window[0]) == set(audit.AuditEntry.model_fields)
+    everything = await _ndjson(http, "/v1/audit")
+    assert [e["target"] for e in everything] == ["h3", "h0", "h5", "h1", "h4", "h2"]
+    below = await _ndjson(http, f"/v1/audit?before={everything[2]['id']}")
+    assert [e["target"] for e in below] == ["h3", "h0"]
+    assert await _ndjson(http, "/v1/audit?since=2027-01-01T00:00:00Z") == []
+    # A JSON page is still the default, newest first.
+    page = await http.get("/v1/audit?limit=2", headers=AUTH)
+    assert [e["target"] for e in page.json()] == ["h2", "h4"]
+
+
+async def test_the_ndjson_export_reads_page_after_page(
+    pool: asyncpg.Pool, http: httpx.AsyncClient
+) -> None:
+    total = 2 * audit.EXPORT_PAGE + 7  # three keyset pages, the last one short
+    async with pool.acquire() as conn:
+        await conn.executemany(
+            "INSERT INTO audit_log (at, actor, role, action, target) "
+            "VALUES ($1, 'ops', 'operator', 'put queue', $2)",
+            [(T0, f"e{i}") for i in range(total)],
+        )
+
+    exported = await _ndjson(http, "/v1/audit")
+
+    assert [e["target"] for e in exported] == [f"e{i}" for i in range(total)]
+    ids = [e["id"] for e in exported]
+    assert ids == sorted(set(ids))
+
+
+async def test_an_export_leaves_entries_written_after_it_began_for_the_next(
+    pool: asyncpg.Pool,
+) -> None:
+    # Read as the route streams it (httpx's in-process transport would buffer the answer):
+    # a page at a time, entries written between pages are above where it stops.
+    for i in range(5):
+        await _write(pool, f"before-{i}")
+    chunks = []
+    async for chunk in audit.export_lines(pool, None, None, None, page=2):
+        chunks.append(chunk)
+        await _write(pool, "during")
+
+    lines = [json.loads(line) for chunk in chunks for line in chunk.splitlines()]
+    assert [e["target"] for e in lines] == [f"before-{i}" for i in range(5)]
+    assert [len(chunk.splitlines()) for chunk in chunks] == [2, 2, 1]
+
+
+@pytest.mark.parametrize(
+    ("query", "name"),
+    [
+        ("since=yesterday", "since"),
+        ("until=2026-03-01T00:00:00", "until"),
+        ("since=2026-03-02T00:00:00Z&until=2026-03-01T23:59:59Z", "until"),
+        ("limit=10", "limit"),
+        ("after=abc", "after"),
+    ],
+)
+async def test_the_ndjson_export_refuses_a_bad_window_or_paging_with_422(
+    http: httpx.AsyncClient, query: str, name: str
+) -> None:
+    answer = await http.get(f"/v1/audit?{query}", headers=NDJSON_ACCEPT)
+
+    assert answer.status_code == 422, answer.text
+    assert answer.headers["content-type"].startswith("application/json")
+    assert [e["field"] for e in answer.json()["errors"]] == [name]
+
+
+async def test_the_ndjson_export_is_for_operators_only(
+    pool: asyncpg.Pool, http: httpx.AsyncClient
+) -> None:
+    await _write(pool, "secret")
+    for headers in (
+        {"Accept": "application/x-ndjson"},
+        {"Accept": "application/x-ndjson", "Authorization": "Bearer not-the-token"},
+    ):
+        answer = await http.get("/v1/audit", headers=headers)
+        assert answer.status_code == 401
+        assert "secret" not in answer.text
+
+
+async def test_the_ndjson_export_s_head_and_document(
+    pool: asyncpg.Pool, http: httpx.AsyncClient
+) -> None:
+    await _write(pool, "one")
+    head = await http.head("/v1/audit", headers=NDJSON_ACCEPT)
+    assert head.status_code == 200 and not head.content
+    assert head.headers["content-type"].startswith("application/x-ndjson")
+    document = (await http.get("/schema/openapi.json", headers=AUTH)).json()
+    content = document["paths"]["/v1/audit"]["get"]["responses"]["200"]["content"]
+    assert set(content) == {"application/json", "application/x-ndjson"}
