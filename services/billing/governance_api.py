@@ -112,6 +112,7 @@ from trainyard_platform.shared.http_errors import (
     read_json_body,
 )
 from trainyard_platform.shared.identity import Principal, Role
+from trainyard_platform.shared.worst_case import attempt_seconds
 
 PRICE_FIELD = {
     "gpu": "price_per_gpu_hour",
@@ -388,7 +389,8 @@ def governance_routes(
         async with pool.acquire() as conn:
             # The whole book, not the flavor's: an unpriced flavor's error lists the priced.
             book = await catalogue.schedule(conn)
-        end = now + timedelta(seconds=body.max_runtime_seconds)
+        # An attempt stopped at its limit holds its GPUs through the kill grace too.
+        end = now + timedelta(seconds=attempt_seconds(body.max_runtime_seconds))
         try:
             segments = book.segments(
                 body.gpu_flavor,

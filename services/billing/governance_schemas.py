@@ -93,9 +93,10 @@ class Estimate(BaseModel):
     price_per_gpu_hour: Decimal
     """The price in force now (a scheduled change within the runtime is priced too)."""
     gpu_seconds: Decimal
-    """GPUs x the maximum runtime: one attempt that runs until it is stopped."""
+    """GPUs x the longest attempt: one that runs until it is stopped at its
+    ``max_runtime_seconds`` and killed after the kill grace (``shared.worst_case``)."""
     estimated_cost: Decimal
-    """The most one attempt costs: it is stopped at ``max_runtime_seconds``."""
+    """The most one attempt costs: its limit and the kill grace."""
     worst_case_cost: Decimal
     """Every restart used, each running to the limit: ``(1 + max_restarts)`` attempts. The
     scheduler's retries after the platform's failures are not counted: such attempts are

@@ -44,6 +44,7 @@ from trainyard_platform.shared.events.payloads import (
 from trainyard_platform.shared.events.trust import RUNNER, owner
 from trainyard_platform.shared.identity import IdentityClient
 from trainyard_platform.shared.settings import DatabaseSettings
+from trainyard_platform.shared.worst_case import KILL_GRACE_SECONDS
 
 pytestmark = pytest.mark.integration
 
@@ -360,13 +361,13 @@ async def test_a_job_spec_is_estimated_from_its_resources_runtime_and_restarts(
         "entrypoint": "train",
         "gpus": 2,
         "gpu_flavor": "a100",
-        "max_runtime_seconds": 1800,
+        "max_runtime_seconds": 1800 - KILL_GRACE_SECONDS,  # an attempt: 30 min with the grace
         "max_restarts": 1,
     }
     answer = await client.post("/v1/costs/estimate", json=spec, headers=ML_VIEWER)
     assert answer.status_code == 200, answer.text
     body = answer.json()
-    assert Decimal(body["gpu_seconds"]) == 3600  # 2 GPUs x 30 min
+    assert Decimal(body["gpu_seconds"]) == 3600  # 2 GPUs x 30 min, the kill grace included
     assert Decimal(body["estimated_cost"]) == Decimal("2.5")
     # The attempt and its restart (the platform's retries are the platform's to pay).
     assert "attempts_at_most" not in body
@@ -420,7 +421,7 @@ async def test_an_attempt_that_failed_through_the_platform_is_not_charged_nor_es
     )
     assert charged == 0  # the team's
 
-    spec = {"gpus": 2, "gpu_flavor": "a100", "max_runtime_seconds": 1800}
+    spec = {"gpus": 2, "gpu_flavor": "a100", "max_runtime_seconds": 1800 - KILL_GRACE_SECONDS}
     for restarts, attempts in ((0, 1), (2, 3)):
         answer = await client.post(
             "/v1/costs/estimate", json={**spec, "max_restarts": restarts}, headers=ML_VIEWER
