@@ -438,19 +438,13 @@ def _main(args: argparse.Namespace) -> int:
     except SpecError as exc:
         return _fail(str(exc), Exit.ERROR)
     except CliError as exc:
-        return _fail(str(exc), exc.code)
+        return _fail(str(exc) + _hint(session, exc.status, str(exc)), exc.code)
     except cli_config.ConfigError as exc:
         return _fail(str(exc), Exit.ERROR)
     except BundleError as exc:
         return _fail(str(exc), Exit.ERROR)
     except TrainyardError as exc:
-        said = str(exc)
-        if exc.status == 401 and session is not None and getattr(args, "run", None) != _login:
-            said += f"\n{session.refused_token()}"
-        elif exc.status == 0 and session is not None and getattr(args, "run", None) != _login:
-            hint = session.unreachable(said)
-            said += f"\n{hint}" if hint else ""
-        return _fail(said, exit_code_of(exc))
+        return _fail(str(exc) + _hint(session, exc.status, str(exc)), exit_code_of(exc))
     except TimeoutError as exc:
         return _fail(str(exc), Exit.TIMEOUT)
     except KeyboardInterrupt:
@@ -465,6 +459,19 @@ def _main(args: argparse.Namespace) -> int:
     finally:
         if session is not None:
             session.close()
+
+
+def _hint(session: Session | None, status: int | None, said: str) -> str:
+    """What to add to a service's refusal (``said``, of HTTP ``status``; 0: no answer): for
+    a token refused (401) by any service, where it came from and what to do; for a
+    submission API that did not answer, where its URL came from. Nothing for ``login``,
+    whose token and URL are the ones it was just given."""
+    if session is None or getattr(session.args, "run", None) == _login:
+        return ""
+    if status == 401:
+        return f"\n{session.refused_token()}"
+    hint = session.unreachable(said) if status == 0 else None
+    return f"\n{hint}" if hint else ""
 
 
 def _settings() -> CliSettings:

@@ -98,11 +98,20 @@ class CliSettings(BaseSettings):
 
 
 class CliError(Exception):
-    """A problem to report as one line on stderr, with its exit code."""
+    """A problem to report as one line on stderr, with its exit code; ``status``: the HTTP
+    status of the service's refusal it reports (``refused``), None for any other problem."""
 
-    def __init__(self, message: str, code: Exit = Exit.ERROR) -> None:
+    def __init__(self, message: str, code: Exit = Exit.ERROR, status: int | None = None) -> None:
         super().__init__(message)
         self.code = code
+        self.status = status
+
+
+def refused(message: str, exc: TrainyardError) -> CliError:
+    """A service's refusal ``exc`` said as ``message`` (``scheduler: 401 ...``): the exit code
+    of its status, and the status kept, so that ``cli.main`` says of a token any service
+    refused (401) where it came from and what to do, as of one the submission API refused."""
+    return CliError(message, exit_code_of(exc), exc.status)
 
 
 def not_configured(missing: str, how: str) -> CliError:
@@ -173,7 +182,7 @@ def asked(service: str, call: Callable[[], Any], reread: str | None = None) -> A
     try:
         return call()
     except TrainyardError as exc:
-        raise CliError(refusal_text(service, exc, reread), exit_code_of(exc)) from None
+        raise refused(refusal_text(service, exc, reread), exc) from None
 
 
 def refusal_text(
@@ -254,7 +263,7 @@ def conditional(service: str, call: Callable[[], Any], reread: str) -> Any:
     except TrainyardError as exc:
         if exc.status != 412:
             raise
-        raise CliError(refusal_text(service, exc, reread), exit_code_of(exc)) from None
+        raise refused(refusal_text(service, exc, reread), exc) from None
 
 
 def patch_or_create(
@@ -279,13 +288,13 @@ def patch_or_create(
         return client.call("PATCH", path, patch), False
     except TrainyardError as exc:
         if exc.status != 404:
-            raise CliError(f"{service}: {exc}", exit_code_of(exc)) from None
+            raise refused(f"{service}: {exc}", exc) from None
     sent = body()  # its usage errors only now: a patch needs no whole definition
     try:
         found = client.call("PUT", path, sent, headers={"If-None-Match": "*"})
     except TrainyardError as exc:
         if exc.status != 412:
-            raise CliError(f"{service}: {exc}", exit_code_of(exc)) from None
+            raise refused(f"{service}: {exc}", exc) from None
         return asked(service, lambda: client.call("PATCH", path, patch)), False
     return found, created(found)
 

@@ -38,8 +38,8 @@ from trainyard.cli_base import (
     add_if_match,
     asked,
     decimal_arg,
-    exit_code_of,
     if_match,
+    refused,
 )
 from trainyard.cli_render import money, none_yet, table, time_text
 from trainyard.client import TrainyardClient, TrainyardError, segment
@@ -145,7 +145,7 @@ def _first_price(billing: TrainyardClient, path: str) -> dict[str, str]:
         billing.get_list(path)
     except TrainyardError as exc:
         if exc.status != 404:
-            raise CliError(f"billing: {exc}", exit_code_of(exc)) from None
+            raise refused(f"billing: {exc}", exc) from None
         return {"If-None-Match": "*"}
     return {}
 

@@ -35,9 +35,9 @@ from trainyard.cli_base import (
     CliError,
     Exit,
     Session,
-    exit_code_of,
     note,
     positive_arg,
+    refused,
     whole_arg,
 )
 from trainyard.cli_jobs import explained, prepared, scalar
@@ -229,11 +229,11 @@ def _refused(
     """The server's refusal of trial ``index`` in the check before anything is submitted: a
     first line naming the trial and its values, then, for invalid input, each field's
     reason, one the sweep set naming its option (``--grid lr: hyperparameters.lr: ...``),
-    the rest as ``submit`` says them; the exit code of the refusal (``exit_code_of``)."""
+    the rest as ``submit`` says them; the exit code of the refusal (``refused``)."""
     values = ", ".join(f"{k}={v!r}" for k, v in params.items())
     head = f"trial {index} of {trials} ({values}) would be refused, so no trial was submitted"
     if exc.status != 422 or not exc.errors:
-        return CliError(f"{head}: {exc}", exit_code_of(exc))
+        return refused(f"{head}: {exc}", exc)
     options = {
         f"hyperparameters.{key}": f"{option} {key}"
         for option, given in (

@@ -28,9 +28,9 @@ from trainyard.cli_base import (
     Session,
     add_if_match,
     conditional,
-    exit_code_of,
     if_match,
     note,
+    refused,
     resolve,
     whole_arg,
 )
@@ -540,7 +540,7 @@ def run_cost(session: Session) -> int:
             return Exit.OK
         report = billing.get("/v1/costs", **params)
     except TrainyardError as exc:
-        raise CliError(f"billing: {exc}", exit_code_of(exc)) from None
+        raise refused(f"billing: {exc}", exc) from None
     session.emit(report, lambda: cost_report_text(report))
     return Exit.OK
 

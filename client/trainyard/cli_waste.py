@@ -16,7 +16,7 @@ from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from trainyard.cli_base import CliError, Exit, Session, exit_code_of, resolve
+from trainyard.cli_base import CliError, Exit, Session, refused, resolve
 from trainyard.cli_render import money, short, table, time_text
 from trainyard.cli_tracking import billing_csv, filtered_text
 from trainyard.client import TrainyardError
@@ -83,7 +83,7 @@ def run_waste(session: Session) -> int:
             return Exit.OK
         report = billing.get("/v1/waste", **params)
     except TrainyardError as exc:
-        raise CliError(f"billing: {exc}", exit_code_of(exc)) from None
+        raise refused(f"billing: {exc}", exc) from None
     session.emit(report, lambda: waste_text(report))
     return Exit.OK
 

@@ -444,7 +444,9 @@ def _refusal(status: int, detail: str, errors: list[dict[str, str]] | None = Non
             ["prices", "ls"],
             _refusal(401, "no valid token"),
             Exit.DENIED,
-            "billing: 401 no valid token",
+            # A token any service refused says which token it was, and what to do.
+            "billing: 401 no valid token\ntrainyard: error: the token from --token was "
+            "refused (expired or revoked?): give a valid one",
         ),
     ],
 )

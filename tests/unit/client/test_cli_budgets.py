@@ -283,7 +283,14 @@ def _refusal(status: int, detail: str, errors: list[dict[str, str]] | None = Non
         ),
         (["show", "nlp"], _refusal(404, "no budget of team nlp"), Exit.NOT_FOUND, None),
         (["rm", "nlp"], _refusal(404, "no budget of team nlp"), Exit.NOT_FOUND, None),
-        (["ls"], _refusal(401, "no valid token"), Exit.DENIED, "billing: 401 no valid token"),
+        (
+            ["ls"],
+            _refusal(401, "no valid token"),
+            Exit.DENIED,
+            # A token any service refused says which token it was, and what to do.
+            "billing: 401 no valid token\ntrainyard: error: the token from --token was "
+            "refused (expired or revoked?): give a valid one",
+        ),
     ],
 )
 def test_a_refusal_is_one_line_naming_the_field_with_its_exit_code(
@@ -307,7 +314,11 @@ def test_a_refused_patch_is_the_set_s_refusal_and_nothing_else_is_sent(
     """Only a 404 (no budget yet) leads on to the ``PUT`` that creates one."""
     api["route"] = _refusal(401, "no valid token")
     assert cli.main([*BASE, "budget", "set", "ml", "--amount", "5"]) == Exit.DENIED
-    assert capsys.readouterr().err == "trainyard: error: billing: 401 no valid token\n"
+    assert capsys.readouterr().err == (
+        "trainyard: error: billing: 401 no valid token\n"
+        "trainyard: error: the token from --token was refused (expired or revoked?): "
+        "give a valid one\n"
+    )
     assert [method for method, _, _ in _sent(api)] == ["PATCH"]
     api["sent"].clear()
     api["route"] = _refusal(
