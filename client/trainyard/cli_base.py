@@ -37,6 +37,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from trainyard.bundle import DEFAULT_MAX_BYTES
 from trainyard.cli_config import (
     DEFAULT_URL,
+    SERVICES,
     Config,
     Context,
     default_path,
@@ -350,6 +351,13 @@ class Session:
     def _url_given(self) -> bool:
         return bool(getattr(self.args, "url", None) or self.settings.url)
 
+    def _sends_token_of(self, ctx: Context) -> bool:
+        """Whether the token of ``ctx`` goes to the URL this command calls: with no URL
+        given, the context's own; with ``--url`` or ``TRAINYARD_URL``, only one of the
+        context's own URLs (``own_urls``), such as its scheduler's for ``deadletters`` or
+        ``audit`` of that service. Never another server's."""
+        return not self._url_given() or self.url.rstrip("/") in own_urls(ctx)
+
     @property
     def token(self) -> str:
         """The token to send, checked (``checked_token``)."""
@@ -359,12 +367,13 @@ class Session:
         if self.settings.token and self.settings.token.get_secret_value():
             return checked_token(self.settings.token.get_secret_value(), "from TRAINYARD_TOKEN")
         ctx = self.context()
-        if ctx is not None and ctx.token and (not self._url_given() or self.url == ctx.url):
+        if ctx is not None and ctx.token and self._sends_token_of(ctx):
             return checked_token(ctx.token, f"of context {self._context_name()!r}")
         if ctx is not None and ctx.token:  # a context's token never goes to another server
             raise not_configured(
                 f"no token for {self.url}",
-                f"the token of context {self._context_name()!r} is sent to {ctx.url} only: "
+                f"the token of context {self._context_name()!r} is sent to "
+                f"{_listed(own_urls(ctx))} only: "
                 f"trainyard login {self.url}, set TRAINYARD_TOKEN or pass --token",
             )
         raise not_configured(
@@ -380,7 +389,7 @@ class Session:
         ):
             return None
         ctx = self.context()
-        if ctx is not None and ctx.token and (not self._url_given() or self.url == ctx.url):
+        if ctx is not None and ctx.token and self._sends_token_of(ctx):
             return self._context_name()
         return None
 
@@ -414,7 +423,7 @@ class Session:
         name = self._context_name()
         ctx = self.context()
         # A token given on top of a context hides the context's, which may well work.
-        hidden = ctx is not None and ctx.token and (not self._url_given() or self.url == ctx.url)
+        hidden = ctx is not None and ctx.token and self._sends_token_of(ctx)
         instead = f" to use the token of context {name!r}" if hidden else ""
         if getattr(self.args, "token", None):
             return "the token from --token was refused (expired or revoked?): give a valid one" + (
@@ -470,6 +479,19 @@ class Session:
     def emit_tagged(self, answer: Any, text: Callable[[], str]) -> None:
         """``answer`` and its ``ETag`` as a ``show`` prints them (``emit_tagged``)."""
         emit_tagged(self.as_json, answer, text)
+
+
+def own_urls(ctx: Context) -> list[str]:
+    """The URLs the token of ``ctx`` is sent to: its submission API's, then the registry,
+    billing and scheduler URLs stored with it (``login --registry-url`` ...), which the
+    commands that call those services send it to anyway."""
+    urls = [ctx.url, *(getattr(ctx, f"{name}_url") for name in SERVICES)]
+    return list(dict.fromkeys(url.rstrip("/") for url in urls if url))
+
+
+def _listed(items: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
 
 
 ID_MAX = 2**63 - 1
