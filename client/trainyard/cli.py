@@ -76,6 +76,7 @@ from trainyard import (
 )
 from trainyard.bundle import BundleError
 from trainyard.cli_base import (
+    EXIT_WORDS,
     CliError,
     CliSettings,
     Exit,
@@ -195,9 +196,9 @@ def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="trainyard",
         description="Trainyard: training jobs on shared GPUs.",
-        epilog="JOB: a job id or a unique prefix of one. Exit codes: 0 ok, 1 error, 2 usage, "
-        "3 not found, 4 not allowed, 5 unreachable, 6 timed out, 10 job failed, "
-        "11 job cancelled, 130 interrupted.",
+        epilog="JOB: a job id or a unique prefix of one. Exit codes: "
+        + ", ".join(f"{int(code)} {words}" for code, words in EXIT_WORDS.items())
+        + ".",
         parents=[common],
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

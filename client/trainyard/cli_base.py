@@ -62,6 +62,22 @@ class Exit(IntEnum):
     INTERRUPTED = 130
 
 
+EXIT_WORDS: dict[Exit, str] = {
+    Exit.OK: "ok",
+    Exit.ERROR: "error",
+    Exit.USAGE: "usage",
+    Exit.NOT_FOUND: "not found",
+    Exit.DENIED: "not allowed",
+    Exit.UNREACHABLE: "unreachable",
+    Exit.TIMEOUT: "timed out",
+    Exit.NOT_CONFIGURED: "not configured",
+    Exit.JOB_FAILED: "job failed",
+    Exit.JOB_CANCELLED: "job cancelled",
+    Exit.INTERRUPTED: "interrupted",
+}
+"""Every exit code in a few words, as ``trainyard --help`` lists them (made from this, so the
+list cannot leave one out)."""
+
 FINAL_EXIT = {"SUCCEEDED": Exit.OK, "FAILED": Exit.JOB_FAILED, "CANCELLED": Exit.JOB_CANCELLED}
 
 
