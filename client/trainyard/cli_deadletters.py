@@ -7,7 +7,8 @@
 
 Every service keeps the dead letters of its own consumer (``shared.deadletters``), so
 ``--url`` names that service (e.g. ``http://registry:8083``) and ``--token`` its operator
-token (or an operator's user token). ``redrive`` republishes each to its consumer and
+token (or an operator's user token; none: a context's own service URL, stored by ``login
+--registry-url`` ..., gets the context's token). ``redrive`` republishes each to its consumer and
 removes it; ``discard`` removes it. ``--all`` acts on every dead letter there is when the
 command starts (those with ``--reason`` in their reason), never on one that fails again
 meanwhile. ``--json`` prints the API's JSON.
