@@ -52,7 +52,9 @@ a ``--quota h200=abc`` (no whole number), a flavor given twice to one option or 
 removed, a weight or a runtime that is no finite number; and, for a ``PUT``, a ``--borrow``
 or ``--lend`` of a flavor without a ``--quota``. The values themselves (bounds, names, a cohort that exists) are the scheduler's to
 judge: its refusal is one line, ``scheduler: 422 invalid request (quotas.h200.nominal:
-...)``, with the exit code of its status (403: 4, 404: 3, 409 a cohort with queues: 1).
+...)``, with the exit code of its status (403: 4, 404: 3, 409 a cohort with queues: 1), each
+field an option sets named by that option (``--gpus (gpu_count): must be at least 0``,
+``Kind.named``).
 """
 
 from __future__ import annotations
@@ -134,6 +136,9 @@ class Kind:
     """The field of a view that names it (its path's last segment)."""
     readers: str = "every user"
     """Who may read them (writes are the operators')."""
+    named: tuple[tuple[str, str], ...] = ()
+    """Each field of the body and the option that sets it, by which a refusal of ``set``
+    names the field (``cli_base.optioned``): ``--gpus (gpu_count): ...``."""
 
     def path(self, name: str | None = None) -> str:
         return f"/v1/admin/{self.name}" + ("" if name is None else f"/{segment(name)}")
@@ -211,9 +216,9 @@ def _queue_body(args: argparse.Namespace) -> dict[str, Any]:
             for flavor, figures in quotas.items()
         }
     }
-    for option in ("team", "cohort", "weight"):
+    for option, name in _QUEUE_FIELDS:
         if getattr(args, option) is not None:
-            body[option] = getattr(args, option)
+            body[name] = getattr(args, option)
     return body
 
 
@@ -255,16 +260,20 @@ def _class_options(sub: argparse.ArgumentParser) -> None:
     _replace_option(sub)
 
 
+_CLASS_FIELDS = (
+    ("value", "value"),
+    ("preemptible", "preemptible"),
+    ("min_runtime", "min_runtime_seconds"),
+)
+"""Each option of ``priority-classes set`` (its ``dest``) and the field it sets."""
+
+
 def _class_body(args: argparse.Namespace) -> dict[str, Any]:
     """The body of a ``PUT`` (or the patch) of a priority class: the options given."""
     body: dict[str, Any] = {}
-    for option, field in (
-        ("value", "value"),
-        ("preemptible", "preemptible"),
-        ("min_runtime", "min_runtime_seconds"),
-    ):
+    for option, name in _CLASS_FIELDS:
         if getattr(args, option) is not None:
-            body[field] = getattr(args, option)
+            body[name] = getattr(args, option)
     return {**body, **_described(args)}
 
 
@@ -280,17 +289,27 @@ def _node_options(sub: argparse.ArgumentParser) -> None:
     _replace_option(sub)
 
 
+_NODE_FIELDS = (("flavor", "gpu_flavor"), ("gpus", "gpu_count"), ("topology", "topology"))
+"""Each option of ``node-inventory set`` (its ``dest``) and the field it sets."""
+
+
 def _node_body(args: argparse.Namespace) -> dict[str, Any]:
     """The body of a ``PUT`` of a node's declaration: the options given."""
     body: dict[str, Any] = {}
-    for option, field in (
-        ("flavor", "gpu_flavor"),
-        ("gpus", "gpu_count"),
-        ("topology", "topology"),
-    ):
+    for option, name in _NODE_FIELDS:
         if getattr(args, option) is not None:
-            body[field] = getattr(args, option)
+            body[name] = getattr(args, option)
     return {**body, **_described(args)}
+
+
+def _flags(*pairs: tuple[str, str]) -> tuple[tuple[str, str], ...]:
+    """``Kind.named`` of options given as (``dest``, field) pairs."""
+    return tuple((name, "--" + dest.replace("_", "-")) for dest, name in pairs)
+
+
+_DESCRIBED = ("description", "description")
+_QUEUE_FIELDS = (("team", "team"), ("cohort", "cohort"), ("weight", "weight"))
+"""Each plain option of ``queues set`` and its field (the quotas are named by flavor)."""
 
 
 def _node_patch(args: argparse.Namespace) -> dict[str, Any]:
@@ -347,6 +366,7 @@ KINDS = (
         ),
         _description_option,
         _described,
+        named=_flags(_DESCRIBED),
     ),
     Kind(
         "cohorts",
@@ -360,6 +380,7 @@ KINDS = (
         ),
         _description_option,
         _described,
+        named=_flags(_DESCRIBED),
     ),
     Kind(
         "queues",
@@ -376,6 +397,7 @@ KINDS = (
         _queue_body,
         _queue_patch,
         "NAME --team T",
+        named=_flags(*_QUEUE_FIELDS),
     ),
     Kind(
         "priority-classes",
@@ -392,6 +414,7 @@ KINDS = (
         _class_body,
         _class_body,
         "NAME --value N --preemptible",
+        named=_flags(*_CLASS_FIELDS, _DESCRIBED),
     ),
     Kind(
         "node-inventory",
@@ -412,6 +435,7 @@ KINDS = (
         "NODE --flavor F --gpus N",
         "node_id",
         "operators",
+        named=_flags(*_NODE_FIELDS, _DESCRIBED),
     ),
 )
 
@@ -502,12 +526,22 @@ def _setter(kind: Kind) -> Callable[[Session], int]:
         if kind.patch is not None and not args.replace:
             patch = kind.patch(args)  # usage errors before any request
             found, made = patch_or_create(
-                "scheduler", scheduler, path, patch, lambda: kind.body(args), conditions, reread
+                "scheduler",
+                scheduler,
+                path,
+                patch,
+                lambda: kind.body(args),
+                conditions,
+                reread,
+                dict(kind.named),
             )
         else:
             body = kind.body(args)
             found = asked(
-                "scheduler", lambda: scheduler.call("PUT", path, body, conditions), reread
+                "scheduler",
+                lambda: scheduler.call("PUT", path, body, conditions),
+                reread,
+                dict(kind.named),
             )
             made = created(found)
         return _show_set(session, kind, "created" if made else "set", found)

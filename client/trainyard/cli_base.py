@@ -23,7 +23,7 @@ import argparse
 import json
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from enum import IntEnum
@@ -190,16 +190,38 @@ def exit_code_of(exc: TrainyardError) -> Exit:
     return Exit.ERROR
 
 
-def asked(service: str, call: Callable[[], Any], reread: str | None = None) -> Any:
+def asked(
+    service: str,
+    call: Callable[[], Any],
+    reread: str | None = None,
+    options: Mapping[str, str] | None = None,
+) -> Any:
     """``call()``'s answer; ``service``'s refusal (``TrainyardError``) as one line naming the
-    service (``scheduler: 409 ...``), with the exit code of its status (``exit_code_of``).
+    service (``scheduler: 409 ...``), with the exit code of its status (``exit_code_of``),
+    each field set by one of ``options`` (field: option) named by its option (``optioned``).
     A write refused because what it was conditional on changed (412 on ``If-Match``:
     ``--if-match``) says so plainly, and how to go on: ``reread``, the command that shows
     the resource as it is now."""
     try:
         return call()
     except TrainyardError as exc:
-        raise refused(refusal_text(service, exc, reread), exc) from None
+        raise refused(refusal_text(service, optioned(exc, options), reread), exc) from None
+
+
+def optioned(exc: TrainyardError, options: Mapping[str, str] | None) -> TrainyardError:
+    """``exc`` with each field error of a field that an option of the command sets
+    (``options``: field -> option) named by that option, as the user typed it: ``--gpus
+    (gpu_count): must be at least 0``, ``--value: field required``; ``exc`` itself when
+    none is."""
+    if not options or not any(e.get("field") in options for e in exc.errors):
+        return exc
+    errors = []
+    for error in exc.errors:
+        field = str(error.get("field", ""))
+        option = options.get(field)
+        named = option if option is None or option == f"--{field}" else f"{option} ({field})"
+        errors.append({**error, "field": named} if named else error)
+    return TrainyardError(exc.status, exc.message, errors, exc.retry_after)
 
 
 def refusal_text(
@@ -291,6 +313,7 @@ def patch_or_create(
     body: Callable[[], Any],
     conditions: dict[str, str] | None = None,
     reread: str | None = None,
+    options: Mapping[str, str] | None = None,
 ) -> tuple[dict[str, Any], bool]:
     """Change the resource at ``path`` with ``PATCH`` of ``patch`` (only the fields it names);
     when there is none (404), create it with ``PUT`` of ``body()`` saying ``If-None-Match:
@@ -298,21 +321,22 @@ def patch_or_create(
     patch that one instead, once. The answer and whether it was created (201). A refusal is
     ``asked``'s one line naming ``service``. With ``conditions`` (``if_match``: the user
     read the resource) it only patches, under them: one deleted since is a 404, never
-    created again."""
+    created again. ``options``: as ``asked`` takes them."""
     if conditions:
-        return asked(service, lambda: client.call("PATCH", path, patch, conditions), reread), False
+        call = lambda: client.call("PATCH", path, patch, conditions)  # noqa: E731
+        return asked(service, call, reread, options), False
     try:
         return client.call("PATCH", path, patch), False
     except TrainyardError as exc:
         if exc.status != 404:
-            raise refused(f"{service}: {exc}", exc) from None
+            raise refused(f"{service}: {optioned(exc, options)}", exc) from None
     sent = body()  # its usage errors only now: a patch needs no whole definition
     try:
         found = client.call("PUT", path, sent, headers={"If-None-Match": "*"})
     except TrainyardError as exc:
         if exc.status != 412:
-            raise refused(f"{service}: {exc}", exc) from None
-        return asked(service, lambda: client.call("PATCH", path, patch)), False
+            raise refused(f"{service}: {optioned(exc, options)}", exc) from None
+        return asked(service, lambda: client.call("PATCH", path, patch), None, options), False
     return found, created(found)
 
 

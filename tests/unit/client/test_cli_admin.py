@@ -367,9 +367,68 @@ def test_a_new_priority_class_without_what_it_needs_is_named_by_the_scheduler(
     assert cli.main([*BASE, "admin", "priority-classes", "set", "x", "--value", "1"]) == 1
     path = f"{SCHEDULER}/v1/admin/priority-classes/x"
     assert _sent(api) == [("PATCH", path, {"value": 1}), ("PUT", path, {"value": 1})]
+    # The field is named by the option that sets it (docs/cli.md, "Governance").
     assert capsys.readouterr().err.splitlines() == [
-        "trainyard: error: scheduler: 422 invalid request (preemptible: field required)"
+        "trainyard: error: scheduler: 422 invalid request (--preemptible: field required)"
     ]
+
+
+@pytest.mark.parametrize(
+    ("argv", "errors", "said"),
+    [
+        (
+            ["node-inventory", "set", "gpu-07", "--gpus", "-1"],
+            [
+                {"field": "gpu_flavor", "message": "field required"},
+                {"field": "gpu_count", "message": "must be at least 0"},
+            ],
+            "--flavor (gpu_flavor): field required; --gpus (gpu_count): must be at least 0",
+        ),
+        (
+            ["priority-classes", "set", "x", "--min-runtime", "-5"],
+            [
+                {"field": "value", "message": "field required"},
+                {"field": "min_runtime_seconds", "message": "must be at least 0"},
+            ],
+            "--value: field required; --min-runtime (min_runtime_seconds): must be at least 0",
+        ),
+        (
+            ["queues", "set", "q", "--team", "nope", "--quota", "h200=-1"],
+            [
+                {"field": "team", "message": "no team 'nope'"},
+                {"field": "quotas.h200.nominal", "message": "must be at least 0"},
+            ],
+            "--team: no team 'nope'; quotas.h200.nominal: must be at least 0",
+        ),
+    ],
+)
+def test_a_refused_set_names_each_field_by_the_option_that_set_it(
+    argv: list[str],
+    errors: list[dict[str, str]],
+    said: str,
+    api: dict[str, Any],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # The operator typed --gpus and --min-runtime; the refusal named gpu_count and
+    # min_runtime_seconds, fields of a body the operator never saw.
+    def route(request: httpx.Request) -> httpx.Response:
+        if request.method == "PATCH":
+            return httpx.Response(404, json={"detail": "not there", "errors": []})
+        return httpx.Response(422, json={"detail": "invalid request", "errors": errors})
+
+    api["route"] = route
+    assert cli.main([*BASE, "admin", *argv]) == Exit.ERROR
+    assert capsys.readouterr().err == (
+        f"trainyard: error: scheduler: 422 invalid request ({said})\n"
+    )
+    api["sent"].clear()
+    api["route"] = lambda r: httpx.Response(
+        422, json={"detail": "invalid request", "errors": errors}
+    )
+    assert cli.main([*BASE, "admin", *argv, "--replace"]) == Exit.ERROR  # a PUT alone
+    assert capsys.readouterr().err == (
+        f"trainyard: error: scheduler: 422 invalid request ({said})\n"
+    )
 
 
 @pytest.mark.parametrize("kind", ["flavors", "cohorts", "queues", "priority-classes"])
