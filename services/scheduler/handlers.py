@@ -276,24 +276,29 @@ class SchedulerHandlers:
         self, conn: asyncpg.Connection, heartbeat: RunnerHeartbeat, now: datetime
     ) -> None:
         """Record the node's heartbeat; a node whose claim, declaration or inventory mode
-        changed gets its supply judged again (``inventory.cap``): each field capped is
-        logged as a warning naming the node, and a changed supply is said (``node.supplied``:
-        what billing counts of the node's GPUs, rather than its claim; ``node_supply``)."""
+        changed gets its supply judged again (``inventory.cap``), and a changed supply is
+        said (``node.supplied``: what billing counts of the node's GPUs, rather than its
+        claim; ``node_supply``). A pass is asked for only when the judgement changes what a
+        pass reads of the node (``repository.Judged.places_as``: a new node, one back, other
+        GPUs, flavor or topology), not for a claim that differs and is capped the same; each
+        field capped is logged as a warning naming the node when it starts being capped or
+        the node's supply changes, not at every judgement."""
         if heartbeat.gpu_count < 0:
             raise Reject(f"gpu_count: must be >= 0, got {heartbeat.gpu_count}")
         report = (heartbeat.hostname, heartbeat.gpu_flavor, heartbeat.gpu_count)
         node_id, topology, address = heartbeat.node_id, heartbeat.topology, heartbeat.address
         mode = self._tuning.node_inventory
         if not await repo.touch_node(conn, node_id, *report, topology, now, address, mode):
-            # New supply (a new node, a lost one back, other GPUs, another declaration or
-            # mode): a pass follows.
+            # Judged again (a new node, a lost one back, another claim, declaration or mode,
+            # or a change of supply held back from being said).
             claim = Claim(heartbeat.gpu_flavor, heartbeat.gpu_count, topology)
             declared = await repo.declaration(conn, node_id)
             supply = cap(claim, declared, mode)
             revision = None if declared is None else declared.revision
+            before = await repo.judged(conn, node_id)
             # Only a change of the node's own claim is said at most once a minute: anything
             # else (a new node, one back, another declaration or mode) is said at once.
-            claim_only = await repo.judged_by(conn, node_id) == ("READY", mode.value, revision)
+            claim_only = before is not None and before.ready and before.by == (mode.value, revision)
             await repo.upsert_node(
                 conn,
                 node_id,
@@ -306,23 +311,30 @@ class SchedulerHandlers:
                 revision=revision,
             )
             await node_supply.say_judged(conn, node_id, now, at_once=not claim_only)
-            if self._facts:
-                self._facts.clear()  # the largest node of a flavor may have changed
+            if before is not None and before.places_as(supply):
+                warned, changed = before.capped, False  # a pass reads the node as before
+            else:
+                warned, changed = frozenset(), True
             for capped in supply.capped:
+                if capped.field in warned:  # warned of when it started, or the supply changed
+                    continue
                 log.warning(
                     "node %s capped by the node inventory (%s): it %s",
                     node_id,
                     capped.field,
                     capped.message,
                 )
-            log.info(
-                "node %s ready: %d %s GPUs (topology %s)",
-                node_id,
-                supply.gpu_count,
-                supply.gpu_flavor,
-                supply.topology,
-            )
-            self._poke()
+            if changed:
+                if self._facts:
+                    self._facts.clear()  # the largest node of a flavor may have changed
+                log.info(
+                    "node %s ready: %d %s GPUs (topology %s)",
+                    node_id,
+                    supply.gpu_count,
+                    supply.gpu_flavor,
+                    supply.topology,
+                )
+                self._poke()
         await self._fence_strays(conn, heartbeat)
 
     async def _fence_strays(self, conn: asyncpg.Connection, heartbeat: RunnerHeartbeat) -> None:

@@ -93,16 +93,43 @@ async def touch_node(
     return bool(touched)
 
 
-async def judged_by(conn: asyncpg.Connection, node_id: str) -> tuple[str, str, int | None] | None:
-    """What the node's supply was last judged by: its status, inventory mode and
-    declaration's revision (None: the node is new, or was never judged)."""
+@dataclass(frozen=True)
+class Judged:
+    """A known node as a pass reads it (``load_snapshot_rows``) and as its supply was last
+    judged: what a new judgement of it is compared with."""
+
+    ready: bool
+    """Its status is READY: a pass places on it."""
+    supply: tuple[str, int, str]
+    """Its flavor, GPU count and topology: what a pass places on."""
+    capped: frozenset[str]
+    """The fields its last judgement capped (``inventory.Capped.field``)."""
+    by: tuple[str, int | None] | None
+    """The inventory mode and declaration revision its supply was judged by (None: never
+    judged: before ``0015``, or reset by ``0016``)."""
+
+    def places_as(self, supply: Supply) -> bool:
+        """Whether a pass reads the node, READY with ``supply``, as it reads it now."""
+        return self.ready and self.supply == (supply.gpu_flavor, supply.gpu_count, supply.topology)
+
+
+async def judged(conn: asyncpg.Connection, node_id: str) -> Judged | None:
+    """The node as it is before a judgement (None: a new node), its row locked until the
+    transaction ends."""
     row = await conn.fetchrow(
-        "SELECT status, inventory_mode, inventory_revision FROM nodes WHERE node_id = $1",
+        "SELECT status, gpu_flavor, gpu_count, topology, capped, inventory_mode, "
+        "inventory_revision FROM nodes WHERE node_id = $1 FOR UPDATE",
         node_id,
     )
-    if row is None or row["inventory_mode"] is None:
+    if row is None:
         return None
-    return (row["status"], row["inventory_mode"], row["inventory_revision"])
+    mode = row["inventory_mode"]
+    return Judged(
+        ready=row["status"] == NodeStatus.READY.value,
+        supply=(row["gpu_flavor"], row["gpu_count"], row["topology"]),
+        capped=frozenset(row["capped"]),
+        by=None if mode is None else (mode, row["inventory_revision"]),
+    )
 
 
 async def declaration(conn: asyncpg.Connection, node_id: str) -> Declared | None:
