@@ -21,14 +21,17 @@ Contract of ``cap`` (what placement gets, the node's *supply*, from what it clai
   label of the scheduler's gauges (a lying node would choose their series). What it
   claims stays in its ``reported_*`` columns, and the node list shows it.
 - Each capped field comes with a line naming it, what the node claims and what it gets:
-  the scheduler logs them when a node's supply is (re)judged, and the inventory's admin view
-  shows them.
+  the scheduler logs it when the field starts being capped, or a judgement changes the
+  node's supply (a new node, one back, other GPUs, flavor or topology), not at every
+  judgement that caps it the same; the inventory's admin view shows them.
 - The heartbeat handler judges a node again when its claim, the mode or the declaration
   (its ``revision``) differs from what its supply was judged by, or a change of its supply
   has waited longer than ``SAY_MIN_INTERVAL`` to be said (``repository.touch_node``);
-  a change of the inventory applies at the node's next heartbeat. A judgement that changes
-  the node's supply is said as ``node.supplied`` (``NodeSupplied``; ``node_supply``): billing
-  counts a node's GPUs from it, not from the node's claim.
+  a change of the inventory applies at the node's next heartbeat. Only a judgement that
+  changes what a pass reads of the node (``repository.Judged.places_as``) asks for a pass:
+  a claim capped to the same supply as before changes nothing to place. A judgement that
+  changes the node's supply is said as ``node.supplied`` (``NodeSupplied``; ``node_supply``):
+  billing counts a node's GPUs from it, not from the node's claim.
 
 The hostname and the rendezvous address a heartbeat says are not capped: neither places nor
 bills work.
