@@ -72,8 +72,8 @@ async def test_a_claim_capped_the_same_at_every_heartbeat_asks_for_no_pass_and_i
     scheduler_with: Tuned, http: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger=HANDLERS)
+    await declared(http, "n1", 8)  # before the scheduler starts: no NOTIFY comes in between
     scheduler = await scheduler_with(pass_interval_s=60.0)
-    await declared(http, "n1", 8)
     await heard_with_a_pass(scheduler, "n1", 8)
 
     # Claiming 16 and 32 in turn against a declared 8: placed on 8 every time.
@@ -86,8 +86,11 @@ async def test_a_claim_capped_the_same_at_every_heartbeat_asks_for_no_pass_and_i
     assert await said_in_outbox(scheduler.pool, "n1") == 1  # its supply never changed
 
     # The figures of the cap change (a declaration of 6): a pass, and a warning again.
+    work = await settled(scheduler)
+    passes = work.passes.passes
     patched = await http.patch("/v1/admin/node-inventory/n1", json={"gpu_count": 6}, headers=AUTH)
     assert patched.status_code == 200, patched.text
+    await until(lambda: work.passes.passes > passes)  # the pass its NOTIFY asks for
     await heard_with_a_pass(scheduler, "n1", 32)
     assert "claims 32 GPUs, declared 6: 6 are placed on" in capped_warnings(caplog, "n1")[-1]
     await heard_without_a_pass(scheduler, "n1", 16)
