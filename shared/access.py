@@ -22,7 +22,9 @@ Contract:
     (``?dry_run=true``: checked as the real request is, nothing stored) spends one of the
     user's reads, of anything else one of its writes (submission's rate limits), so a
     user's writes are limited alike on every service, and a request that writes nothing
-    leaves the user's writes to the requests that do.
+    leaves the user's writes to the requests that do. The check names the caller's address
+    (``X-Forwarded-For``), against which submission counts a wrong token where it trusts
+    this service (``services.submission.failed_auth``).
   Anything else is 401; a missing header, a malformed one (a token that is not RFC 6750's
   ``b64token`` or is over 1024 characters, or ``Authorization`` given twice:
   ``shared.auth.presented_token``) and a wrong, revoked or expired token are not told apart. The identity service being down is 503, never an open door.
@@ -139,7 +141,13 @@ def service_guard(admin_token: SecretStr, identity: IdentityClient | None = None
         if secrets.compare_digest(presented.encode(), expected):
             principal = operator_token_principal()
         elif identity is not None:
-            principal = await identity.principal(presented, write=is_write(connection, handler))
+            # The caller's address goes with the check: a wrong token is counted against
+            # it at the identity service, not against this service's, which every user's
+            # check comes from (``IdentityClient.principal``).
+            client = connection.client.host if connection.client is not None else None
+            principal = await identity.principal(
+                presented, write=is_write(connection, handler), client=client
+            )
             teams = _asking(identity, presented)
         if principal is None:
             raise NotAuthorizedException(UNAUTHENTICATED)

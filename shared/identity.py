@@ -144,12 +144,21 @@ class IdentityClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def principal(self, token: str, *, write: bool = False) -> Principal | None:
+    async def principal(
+        self, token: str, *, write: bool = False, client: str | None = None
+    ) -> Principal | None:
         """The user behind ``token``, or None when the token is not valid now (unknown,
         revoked, expired, or its user disabled); asked for a write request (``write``), it
         spends one of the user's writes (``POST /v1/me``), else a read (``GET``). Raises
-        ``IdentityUnavailable`` when the identity service cannot answer."""
+        ``IdentityUnavailable`` when the identity service cannot answer. ``client``: the
+        address of the caller that presented ``token``, named in ``X-Forwarded-For`` so
+        that the identity service counts a refused token against that caller, not against
+        this service's address that every user's check comes from (believed only where
+        this service is one of its ``FORWARDED_ALLOW_IPS``: docs/security.md, "Rate
+        limits")."""
         headers = {"Authorization": f"Bearer {token}"}
+        if client:
+            headers["X-Forwarded-For"] = client
         try:
             if write:
                 response = await self._http.post("/v1/me", headers=headers)

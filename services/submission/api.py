@@ -59,7 +59,7 @@ Contract:
   ``Idempotency-Key`` refused for its write, which keeps the read its key's lookup spent.
   The probes are not limited.
 - A request whose token is missing, malformed or refused (401 in the guard) counts against
-  its client's address (the peer's; ``failed_auth``): past ``failed_auth_burst`` of them,
+  its client's address (as uvicorn gives it; ``failed_auth``): past ``failed_auth_burst`` of them,
   refilled at ``failed_auth_rate_per_s``, the address's requests answer 429 with
   ``Retry-After`` before their token is looked up, but for tokens that authenticated in
   this process lately, so the users sharing an address with a failing client keep working.

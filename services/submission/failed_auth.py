@@ -14,12 +14,15 @@ Contract:
   shape, naming ``Authorization``) a request gets before its token is looked up, once its
   address's bucket is empty. It spends nothing: a request so refused is not counted again.
 - A token that authenticated in this process within ``VOUCHED_FOR_S`` (``succeeded``) is
-  never so refused, from any address: the address is the peer's (the service has no
-  trusted-proxy setting, so ``X-Forwarded-For`` is not read), and many users may share one
-  (a proxy in front, a NAT, and the scheduler, registry and billing, which ask ``/v1/me``
-  with every user's token), so one client's failures must not lock out the users it
-  shares an address with. Those users' tokens, once seen, keep working; a token first
-  seen from an address while it is refused waits as its failures do.
+  never so refused, from any address: the address is the one uvicorn gives (the peer's,
+  or the ``X-Forwarded-For`` client's when the peer is one of its ``FORWARDED_ALLOW_IPS``),
+  and many users may share one (a proxy in front, a NAT), so one client's failures must
+  not lock out the users it shares an address with. Those users' tokens, once seen, keep
+  working; a token first seen from an address while it is refused waits as its failures
+  do. The scheduler, registry and billing, which ask ``/v1/me`` with each of their
+  callers' tokens, name the caller in ``X-Forwarded-For`` (``IdentityClient.principal``),
+  so where they are among ``FORWARDED_ALLOW_IPS`` a client sending them wrong tokens
+  spends its own bucket, not theirs.
 - Only token hashes are kept, at most ``max_vouched`` (the least recently seen go first,
   and any unseen for ``VOUCHED_FOR_S``); never a token.
 """

@@ -4,17 +4,26 @@ seen valid lately from it, and every other address, keep working (real PostgreSQ
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Generator
 
 import asyncpg
 import httpx
 import pytest
+import uvicorn
+from litestar import get
+from pydantic import SecretStr
 
 from tests.integration.submission.conftest import Submission, running_submission
+from trainyard_platform.deploy.local.ports import free_port
 from trainyard_platform.services.submission import api, identity
 from trainyard_platform.services.submission.api import AppDeps, create_app
 from trainyard_platform.services.submission.config import Settings
+from trainyard_platform.shared.access import service_guard
 from trainyard_platform.shared.bus import Bus
+from trainyard_platform.shared.http_app import service_app
+from trainyard_platform.shared.identity import IdentityClient
 
 pytestmark = pytest.mark.integration
 
@@ -74,3 +83,71 @@ async def test_an_address_past_its_failures_is_refused_before_any_lookup_but_for
         assert elsewhere.status_code == 200, elsewhere.text  # another address: no wait
         wrong_elsewhere = await far.get("/v1/jobs", headers=_bearer("ty_wrong"))
         assert wrong_elsewhere.status_code == 401, wrong_elsewhere.text
+
+
+class _Server(uvicorn.Server):
+    """uvicorn in the test's loop, leaving the signals alone."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+@contextlib.asynccontextmanager
+async def _served(app: object) -> AsyncIterator[str]:
+    """``app`` behind uvicorn on loopback, as the service runs it (its ``X-Forwarded-For``
+    believed from ``FORWARDED_ALLOW_IPS`` peers: loopback by default); yields its URL."""
+    port = free_port()
+    config = uvicorn.Config(
+        app,  # type: ignore[arg-type]
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        lifespan="off",
+    )
+    server = _Server(config)
+    serving = asyncio.create_task(server.serve())
+    try:
+        async with asyncio.timeout(10):
+            while not server.started:
+                await asyncio.sleep(0.05)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await serving
+
+
+@get("/v1/ping")
+async def _ping() -> dict[str, str]:
+    return {"ping": "pong"}
+
+
+async def test_a_service_asking_for_its_callers_names_their_address_so_one_cannot_lock_out_all(
+    limited: Submission, settings: Settings
+) -> None:
+    """The scheduler, registry and billing ask ``GET /v1/me`` with each of their callers'
+    tokens, from their own address. A client sending wrong tokens to one of them spent that
+    address's bucket, and then every user whose token this process had not seen lately got
+    429 through that service for as long as the client kept on. The service names its
+    caller's address (``X-Forwarded-For``, believed from a ``FORWARDED_ALLOW_IPS`` peer),
+    so the failures are that caller's alone."""
+    tight = settings.model_copy(update={"failed_auth_burst": BURST, "failed_auth_rate_per_s": 0.01})
+    submission = create_app(tight, AppDeps(pool=limited.pool, store=limited.store))
+    async with _served(submission) as url:
+        asking = IdentityClient(url)
+        try:
+            service = service_app("scheduler", [_ping], service_guard(SecretStr("op"), asking))
+            async with (
+                _client(service, "203.0.113.9") as bad,
+                _client(service, "198.51.100.7") as good,
+            ):
+                for _ in range(BURST):
+                    refused = await bad.get("/v1/ping", headers=_bearer("ty_wrong"))
+                    assert refused.status_code == 401, refused.text
+                limited_answer = await bad.get("/v1/ping", headers=_bearer("ty_wrong"))
+                assert limited_answer.status_code == 429, limited_answer.text  # still bounded
+                # A user never seen by this submission process, through the same service.
+                fresh = await good.get("/v1/ping", headers=_bearer(limited.other_team_token))
+                assert fresh.status_code == 200, fresh.text
+        finally:
+            await asking.aclose()
