@@ -699,3 +699,32 @@ async def test_every_operator_write_is_audited_and_the_log_is_append_only(world:
         for statement in ("UPDATE audit_log SET actor = 'x'", "DELETE FROM audit_log"):
             with pytest.raises(asyncpg.RaiseError, match="append-only"):
                 await conn.execute(statement)
+
+
+AUDITED = ("submission", "scheduler", "registry", "billing")
+"""The services whose app serves ``GET /v1/audit`` (``shared.audit.audit_route``)."""
+
+
+@pytest.mark.parametrize("service", AUDITED)
+async def test_the_audit_ndjson_export_is_refused_below_operators_with_nothing_of_the_log(
+    service: str, world: World
+) -> None:
+    """``Accept: application/x-ndjson`` asks for the whole log as a stream, which only
+    operators may read, as its JSON pages: a user below them gets the guard's 403 (JSON, in
+    the shared error shape), never a line of the log, whatever the ``Accept``."""
+    async with world.pools[service].acquire() as conn:
+        await conn.execute(
+            "INSERT INTO audit_log (at, actor, role, action, target) "
+            "VALUES (now(), 'ops', 'operator', 'put queue', 'not-for-you')"
+        )
+    app = world.apps[service]
+    ndjson = {"Accept": "application/x-ndjson"}
+    for name in ("viewer", "member", "admin", "other-team"):
+        refused = await call(app, "GET", "/v1/audit", world.tokens[name], ndjson)
+        assert refused.status_code == 403, f"{name}: {refused.status_code} {refused.text}"
+        assert refused.headers["content-type"].startswith("application/json")
+        assert refused.json()["detail"] and "not-for-you" not in refused.text
+    exported = await call(app, "GET", "/v1/audit", world.tokens["operator"], ndjson)
+    assert exported.status_code == 200, exported.text
+    assert exported.headers["content-type"].startswith("application/x-ndjson")
+    assert "not-for-you" in [json.loads(line)["target"] for line in exported.text.splitlines()]
