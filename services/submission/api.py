@@ -474,9 +474,7 @@ async def rotate_token(
     request: AnyRequest, pool: Pool, caller: Me, settings: Config
 ) -> TokenCreated:
     body = parse_body(TokenRequest, await json_body(request))
-    return await identity.rotate_token(
-        pool, caller, body, settings.token_ttl_days, _live_tokens(settings)
-    )
+    return await identity.rotate_token(pool, caller, body, settings.token_ttl_days)
 
 
 @delete("/tokens/{token_id:int}", status_code=204, responses=error_responses(404))

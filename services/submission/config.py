@@ -55,7 +55,7 @@ class Settings(ServiceSettings):
     start); only a ``Settings`` built in code with ``None`` gives tokens no expiry."""
     live_tokens_per_user: int = Field(default=100, ge=1, le=100_000)
     """Unrevoked, unexpired tokens one user may hold (1 to 100,000); one more answers 409
-    naming the limit (``POST /v1/tokens``; rotating, one for one, still works)."""
+    naming the limit (``POST /v1/tokens``; rotating, one for one, is never refused)."""
     live_tokens_per_team: int = Field(default=1000, ge=1, le=10_000_000)
     """Unrevoked, unexpired tokens one team's users may hold together (1 to 10,000,000, at
     least ``live_tokens_per_user``), first tokens of new users included: an admin creating

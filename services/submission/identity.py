@@ -23,10 +23,11 @@ Contract:
   ``live_tokens_per_user``/``_per_team``): issuing one more, a new user's first token
   included, is a ``Conflict`` (409) naming the limit, nothing stored. The count and the
   insert are one transaction behind a lock of the team's row, so issues in one team, on
-  any replica, take turns and two at the bound cannot both pass. Rotation revokes before
-  it counts (one for one). ``bootstrap_user`` is not held to it: it runs with the
-  database's credentials, the way back in. Every token is checked on every request and
-  listed in ``GET /v1/tokens``.
+  any replica, take turns and two at the bound cannot both pass. Rotation is not held to
+  them: it revokes one and issues one, so it works at the bounds and past them (tokens
+  issued before them, or a bound lowered since). ``bootstrap_user`` is not held to them
+  either: it runs with the database's credentials, the way back in. Every token is
+  checked on every request and listed in ``GET /v1/tokens``.
 """
 
 from __future__ import annotations
@@ -491,9 +492,11 @@ async def rotate_token(
     caller: Caller,
     request: TokenRequest,
     ttl_days: int | None,
-    limits: LiveTokens,
 ) -> TokenCreated:
-    """A new token replacing the one the caller presented, which is revoked."""
+    """A new token replacing the one the caller presented, which is revoked: never held to
+    the live-token bounds, since it leaves the count as it was (a user or team past them,
+    its tokens issued before them or a bound lowered since, may still rotate one it fears
+    leaked)."""
     async with pool.acquire() as conn, conn.transaction():
         if not await repo.revoke_token(conn, caller.token_id, datetime.now(UTC)):
             raise Conflict(
@@ -502,7 +505,7 @@ async def rotate_token(
                 message="the token presented was revoked meanwhile; no new token was issued",
             )
         name = request.name or caller.token_name
-        return await _issue(conn, caller, name, request, ttl_days, limits, "rotate token")
+        return await _issue(conn, caller, name, request, ttl_days, None, "rotate token")
 
 
 async def _issue(
@@ -511,18 +514,21 @@ async def _issue(
     name: str,
     request: TokenRequest,
     ttl_days: int | None,
-    limits: LiveTokens,
+    limits: LiveTokens | None,
     action: str,
 ) -> TokenCreated:
-    await _room_for_one(
-        conn,
-        limits,
-        caller.team_id,
-        caller.team,
-        caller.user_id,
-        f"{caller.team}/{caller.user}",
-        "Authorization",
-    )
+    """Issue a token to the caller itself, within ``limits`` (None: one that replaces a
+    token revoked in this transaction)."""
+    if limits is not None:
+        await _room_for_one(
+            conn,
+            limits,
+            caller.team_id,
+            caller.team,
+            caller.user_id,
+            f"{caller.team}/{caller.user}",
+            "Authorization",
+        )
     token, token_hash = new_token()
     days = request.expires_in_days or ttl_days
     row = await repo.insert_token(

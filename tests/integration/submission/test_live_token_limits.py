@@ -85,6 +85,31 @@ async def test_a_user_past_its_bound_gets_409_and_expired_or_revoked_tokens_do_n
     assert (await _make(limited, fresh, "again")).status_code == 201  # the revoked one freed
 
 
+async def test_rotation_works_for_a_user_and_team_already_past_their_bounds(
+    limited: Submission,
+) -> None:
+    """A user or team may hold more than the bounds (tokens issued before them, or a bound
+    lowered since), and keeps them valid. Rotating one leaves the count as it was, so it is
+    never refused: it is what a user does with a token it fears leaked, and refused it the
+    token stayed live (revoking it instead can leave the user with none to ask with)."""
+    user_id, _ = await _ids(limited)
+    async with limited.pool.acquire() as conn:  # alice and her team hold PER_TEAM + 1
+        for n in range(PER_TEAM):
+            await identity_repo.insert_token(conn, f"{n:064x}", user_id, f"old{n}", None, user_id)
+    held = "SELECT count(*) FROM tokens WHERE user_id = $1 AND revoked_at IS NULL"
+    before = await limited.pool.fetchval(held, user_id)
+    assert before == PER_TEAM + 1
+
+    rotated = await limited.client.post("/v1/tokens/rotate", json={}, headers=limited.auth())
+    assert rotated.status_code == 201, rotated.text
+    gone = await limited.client.get("/v1/me", headers=limited.auth())
+    assert gone.status_code == 401, gone.text  # the presented token is revoked
+    fresh = rotated.json()["token"]
+    assert (await limited.client.get("/v1/me", headers=limited.auth(fresh))).status_code == 200
+    assert await limited.pool.fetchval(held, user_id) == before  # one for one
+    assert _refusal(await _make(limited, fresh, "more"))[1] == "Authorization"  # no more
+
+
 async def test_a_team_past_its_bound_refuses_tokens_and_new_users_of_that_team_only(
     limited: Submission,
 ) -> None:
