@@ -62,7 +62,7 @@ Contract:
   its client's address (as uvicorn gives it; ``failed_auth``): past ``failed_auth_burst`` of them,
   refilled at ``failed_auth_rate_per_s``, the address's requests answer 429 with
   ``Retry-After`` before their token is looked up, but for tokens that authenticated in
-  this process lately, so the users sharing an address with a failing client keep working.
+  this process lately and were not refused since, so the users sharing an address with a failing client keep working.
 """
 
 from __future__ import annotations
@@ -1000,7 +1000,7 @@ def caller_guard(
         try:
             await authenticated(connection, handler, token, token_hash)
         except NotAuthorizedException:
-            failures.failed(address)
+            failures.failed(address, token_hash)
             raise
         if token_hash is not None:
             failures.succeeded(token_hash)

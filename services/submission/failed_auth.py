@@ -6,15 +6,16 @@ refused (401) before the rate limits of ``ratelimit``, which are keyed by the us
 not got. So a client sending garbage tokens cost a lookup each, without bound.
 
 Contract:
-- ``failed(address)`` counts a refused authentication (each 401 of the guard) against the
-  client address, in a ``ratelimit.RateLimiter`` of ``failed_auth_rate_per_s`` and
+- ``failed(address, token_hash)`` counts a refused authentication (each 401 of the guard)
+  against the client address, and forgets that the token was seen valid (below), in a ``ratelimit.RateLimiter`` of ``failed_auth_rate_per_s`` and
   ``failed_auth_burst`` (one mechanism with the users' limits: the same buckets, forgotten
   the same way, bounded in memory the same way).
 - ``refusal(address, token_hash)``: None, or the 429 (``Retry-After``, in the shared error
   shape, naming ``Authorization``) a request gets before its token is looked up, once its
   address's bucket is empty. It spends nothing: a request so refused is not counted again.
-- A token that authenticated in this process within ``VOUCHED_FOR_S`` (``succeeded``) is
-  never so refused, from any address: the address is the one uvicorn gives (the peer's,
+- A token that authenticated in this process within ``VOUCHED_FOR_S`` (``succeeded``), and
+  was not refused since (revoked, expired, its user disabled), is never so refused, from
+  any address: the address is the one uvicorn gives (the peer's,
   or the ``X-Forwarded-For`` client's when the peer is one of its ``FORWARDED_ALLOW_IPS``),
   and many users may share one (a proxy in front, a NAT), so one client's failures must
   not lock out the users it shares an address with. Those users' tokens, once seen, keep
@@ -74,9 +75,13 @@ class FailedAuthentications:
             message=f"too many refused tokens from this client address: at most {limit}",
         )
 
-    def failed(self, address: str) -> None:
-        """Count a refused authentication of ``address``."""
+    def failed(self, address: str, token_hash: str | None = None) -> None:
+        """Count a refused authentication of ``address`` with ``token_hash`` (None: no
+        usable token), which is vouched for no more: a token revoked, expired or of a user
+        disabled since it was seen valid must not go on passing the refusal."""
         self.limiter.take(address)
+        if token_hash is not None:
+            self._vouched.pop(token_hash, None)
 
     def succeeded(self, token_hash: str) -> None:
         """``token_hash`` authenticated just now."""

@@ -85,6 +85,31 @@ async def test_an_address_past_its_failures_is_refused_before_any_lookup_but_for
         assert wrong_elsewhere.status_code == 401, wrong_elsewhere.text
 
 
+async def test_a_token_seen_valid_and_then_revoked_is_vouched_for_no_more(
+    limited: Submission, settings: Settings
+) -> None:
+    """A token seen valid passes its address's refusal, so that the users behind a shared
+    address keep working. Once it is refused (revoked: leaked, say), that is over: it
+    kept being looked up, never held back, for up to 15 minutes from its last success,
+    from any address, by whoever held it."""
+    tight = settings.model_copy(update={"failed_auth_burst": BURST, "failed_auth_rate_per_s": 0.01})
+    app = create_app(tight, AppDeps(pool=limited.pool, store=limited.store))
+    async with _client(app, "10.0.0.3") as near:
+        made = await near.post("/v1/tokens", json={"name": "leaked"}, headers=limited.auth())
+        assert made.status_code == 201, made.text
+        leaked = made.json()["token"]
+        assert (await near.get("/v1/me", headers=_bearer(leaked))).status_code == 200  # seen
+        revoked = await near.delete(f"/v1/tokens/{made.json()['id']}", headers=limited.auth())
+        assert revoked.status_code == 204, revoked.text
+        for token in (leaked, *["ty_wrong"] * (BURST - 1)):  # the burst: each a 401
+            refused = await near.get("/v1/me", headers=_bearer(token))
+            assert refused.status_code == 401, refused.text
+        again = await near.get("/v1/me", headers=_bearer(leaked))
+        assert again.status_code == 429, again.text  # held back as any wrong token
+        still = await near.get("/v1/me", headers=limited.auth())
+        assert still.status_code == 200, still.text  # alice's own, seen valid, still is
+
+
 class _Server(uvicorn.Server):
     """uvicorn in the test's loop, leaving the signals alone."""
 

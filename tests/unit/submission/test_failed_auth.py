@@ -62,3 +62,12 @@ def test_only_the_most_recently_seen_tokens_are_kept() -> None:
     failures.failed("x")
     assert failures.refusal("x", "1" * 64) is not None
     assert failures.refusal("x", "3" * 64) is None
+
+
+def test_a_token_refused_since_it_was_seen_valid_is_vouched_for_no_more() -> None:
+    clock = Clock()
+    failures = FailedAuthentications(rate=1, burst=1, clock=clock)
+    failures.succeeded(GOOD)
+    failures.failed("proxy", GOOD)  # revoked since: its lookup refused it
+    assert failures.refusal("proxy", GOOD) is not None
+    assert failures.refusal("elsewhere", GOOD) is None  # another address: not held back
