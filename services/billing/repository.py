@@ -20,7 +20,8 @@ Row = Mapping[str, Any]
 async def insert_usage(
     conn: asyncpg.Connection, usage: Usage, event_id: str, now: datetime
 ) -> bool:
-    """Record ``usage``; False when its allocation was billed already."""
+    """Record ``usage``, and mark its announced allocation ``released``; False when its
+    allocation was billed already."""
     inserted = await conn.fetchval(
         """INSERT INTO usage_ledger (allocation_id, job_id, team, user_name, node_id, gpu_flavor,
                                      gpus, started_at, ended_at, outcome, gpu_seconds,
@@ -49,6 +50,11 @@ async def insert_usage(
         usage.memory_gib,
         usage.charged_to,
     )
+    if inserted:  # its node's held GPUs are no longer looked for among the open (``_HELD``)
+        await conn.execute(
+            "UPDATE announced_allocations SET released = true WHERE allocation_id = $1",
+            usage.allocation_id,
+        )
     return bool(inserted)
 
 

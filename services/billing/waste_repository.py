@@ -171,14 +171,20 @@ and holding no allocation then."""
 
 
 _HELD = """
-SELECT coalesce(sum(a.gpus), 0) FROM announced_allocations a
-LEFT JOIN usage_ledger u USING (allocation_id)
-WHERE a.node_id = $1 AND a.granted_at < $3 AND (u.ended_at IS NULL OR u.ended_at > $2)
+SELECT (SELECT coalesce(sum(a.gpus), 0) FROM announced_allocations a
+        WHERE a.node_id = $1 AND NOT a.released AND a.granted_at < $3
+          AND NOT EXISTS (SELECT 1 FROM usage_ledger u WHERE u.allocation_id = a.allocation_id))
+     + (SELECT coalesce(sum(a.gpus), 0) FROM usage_ledger u
+        JOIN announced_allocations a USING (allocation_id)
+        WHERE u.node_id = $1 AND u.ended_at > $2 AND a.node_id = $1 AND a.granted_at < $3)
 """
 """The GPUs billing's records (the scheduler's grants and releases) put on the node at any
 time in ``[$2, $3)``: each allocation granted on it before the interval ends and not
 released before it starts holds its GPUs for the whole interval, so a grant or release
-inside it counts nothing free rather than too much."""
+inside it counts nothing free rather than too much. Read at every heartbeat, so from the
+node's open allocations (not billed yet; ``released`` only narrows the search, billing's
+``0016``) and those whose bill ends after the interval starts, never from every
+allocation the node ever had."""
 
 
 async def record_supply(conn: asyncpg.Connection, supplied: NodeSupplied) -> None:

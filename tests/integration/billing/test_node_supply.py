@@ -9,6 +9,10 @@ month (each test its own hours).
 
 from __future__ import annotations
 
+import json
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
 import asyncpg
 import httpx
 import pytest
@@ -25,6 +29,9 @@ from tests.integration.billing.test_waste import (
     submitted,
     supplied,
 )
+from trainyard_platform.services.billing import repository as repo
+from trainyard_platform.services.billing.domain import Usage
+from trainyard_platform.services.billing.waste_repository import _HELD
 
 pytestmark = pytest.mark.integration
 
@@ -129,3 +136,72 @@ async def test_a_node_leaving_its_allocations_out_of_its_heartbeat_counts_them_h
         await feed(pool, beat(node, at(99 + 1 / 60), []))
     assert await free_gpus(pool, "n-12") == [4]
     assert await free_gpus(pool, "n-13") == [8]
+
+
+async def test_a_node_s_held_gpus_are_read_without_walking_its_history(
+    pool: asyncpg.Pool,
+) -> None:
+    """n-16 has had 3,000 allocations, each billed long ago, and holds two now (o-16a, 2
+    GPUs, open; o-16b, 1 GPU, released within the interval). Its held GPUs (read at every
+    heartbeat, every 2 s of every node) count those two and read a handful of pages.
+    Before, each heartbeat walked every allocation the node ever had (``0014``'s index by
+    node and grant time, and the bill of each): a cost that only grew, about 20 ms a
+    heartbeat at 50,000."""
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    history = 3000
+    await pool.execute(
+        """INSERT INTO announced_allocations (allocation_id, job_id, node_id, team, user_name,
+                                              gpu_flavor, gpus, granted_at, event_id,
+                                              recorded_at)
+           SELECT 'h16-' || i, 'h16', 'n-16', 'ml', 'bob', 'cpu', 1,
+                  $1::timestamptz + i * interval '10 minutes', 'e-h16-' || i, now()
+           FROM generate_series(1, $2::int) i""",
+        start,
+        history,
+    )
+    async with pool.acquire() as conn:
+        for i in range(1, history + 1):
+            granted_at = start + timedelta(minutes=10 * i)
+            await repo.insert_usage(conn, usage(f"h16-{i}", granted_at, minutes=5), "e", start)
+    now = start + timedelta(minutes=10 * (history + 1))
+    await pool.execute(
+        """INSERT INTO announced_allocations (allocation_id, job_id, node_id, team, user_name,
+                                              gpu_flavor, gpus, granted_at, event_id,
+                                              recorded_at)
+           VALUES ('o-16a', 'o16', 'n-16', 'ml', 'bob', 'cpu', 2, $1, 'e-a', $1),
+                  ('o-16b', 'o16', 'n-16', 'ml', 'bob', 'cpu', 1, $1, 'e-b', $1)""",
+        now - timedelta(minutes=30),
+    )
+    async with pool.acquire() as conn:
+        released_b = usage("o-16b", now - timedelta(minutes=30), minutes=30 - 1 / 60)
+        await repo.insert_usage(conn, released_b, "e", now)
+        await conn.execute("ANALYZE announced_allocations; ANALYZE usage_ledger")
+        interval = (now - timedelta(seconds=2), now)
+        assert await conn.fetchval(_HELD, "n-16", *interval) == 3
+        (plan,) = json.loads(
+            await conn.fetchval(
+                f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {_HELD}", "n-16", *interval
+            )
+        )
+    pages = plan["Plan"]["Shared Hit Blocks"] + plan["Plan"]["Shared Read Blocks"]
+    assert pages < 30, f"{pages} pages read for a node with {history} allocations billed"
+
+
+def usage(allocation_id: str, granted_at: datetime, *, minutes: float) -> Usage:
+    """A bill of one GPU of n-16 from ``granted_at`` for ``minutes`` (its price is not read)."""
+    return Usage(
+        allocation_id=allocation_id,
+        job_id="h16",
+        team="ml",
+        user="bob",
+        node_id="n-16",
+        gpu_flavor="cpu",
+        gpus=1,
+        started_at=granted_at,
+        ended_at=granted_at + timedelta(minutes=minutes),
+        outcome="succeeded",
+        gpu_seconds=Decimal(60 * minutes),
+        price_per_gpu_hour=Decimal("0.1"),
+        currency="USD",
+        cost=Decimal(0),
+    )
