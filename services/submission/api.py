@@ -58,8 +58,9 @@ Contract:
   ``Authorization``; a request refused spends nothing, but for a submission under an
   ``Idempotency-Key`` refused for its write, which keeps the read its key's lookup spent.
   The probes are not limited.
-- A request whose token is missing, malformed or refused (401 in the guard) counts against
-  its client's address (as uvicorn gives it; ``failed_auth``): past ``failed_auth_burst`` of them,
+- Where ``failed_auth_burst`` is set (off by default, see its setting), a request whose
+  token is missing, malformed or refused (401 in the guard) counts against its client's
+  address (as uvicorn gives it; ``failed_auth``): past ``failed_auth_burst`` of them,
   refilled at ``failed_auth_rate_per_s``, the address's requests answer 429 with
   ``Retry-After`` before their token is looked up, but for tokens that authenticated in
   this process lately and were not refused since, so the users sharing an address with a failing client keep working.
@@ -1241,7 +1242,11 @@ def create_app(settings: Settings, deps: AppDeps) -> Litestar:
             RateLimits.of(settings),
             settings.flavors,
             known,
-            FailedAuthentications(settings.failed_auth_rate_per_s, settings.failed_auth_burst),
+            (
+                FailedAuthentications(settings.failed_auth_rate_per_s, settings.failed_auth_burst)
+                if settings.failed_auth_burst
+                else None  # off (the default): see ``Settings.failed_auth_burst``
+            ),
         ),
         statuses={NotFound: 404, Forbidden: 403, Conflict: 409, RegistryUnavailable: 503},
         errors=(429,),

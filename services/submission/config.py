@@ -65,9 +65,13 @@ class Settings(ServiceSettings):
     """Requests with a missing, malformed or wrong token one client address may make per
     second, sustained; past the burst its requests answer 429 with ``Retry-After`` before
     any token lookup, but for tokens seen valid lately (``failed_auth``)."""
-    failed_auth_burst: int = Field(default=100, ge=1, le=1_000_000)
+    failed_auth_burst: int = Field(default=0, ge=0, le=1_000_000)
     """Refused authentications one client address may have at once before
-    ``failed_auth_rate_per_s`` applies."""
+    ``failed_auth_rate_per_s`` applies; 0 (the default): no such bound. Off by default
+    because the address is the one uvicorn gives: where many users reach this service
+    from one address (a proxy or the other services not in ``FORWARDED_ALLOW_IPS``), one
+    client's wrong tokens would hold back every user of that address whose token was not
+    seen valid lately, where without the bound they cost only a lookup each."""
     scheduler_public_url: str | None = None
     """The scheduler's API as browsers reach it (``http://host:port``), for the web
     dashboard's queue and node pages (``GET /ui/config.json``); unset: those pages say the

@@ -39,3 +39,9 @@ def test_a_team_bound_below_a_users_is_refused(
         "submission: invalid setting TRAINYARD_SUBMISSION_LIVE_TOKENS_PER_TEAM: must be at "
         "least TRAINYARD_SUBMISSION_LIVE_TOKENS_PER_USER (20 < 50)"
     )
+
+
+def test_refused_authentications_are_not_bounded_per_address_unless_asked() -> None:
+    # Keyed by address, the bound holds back everyone sharing a failing client's address
+    # (a proxy, the other services): an operator turns it on where addresses are one's own.
+    assert Settings().failed_auth_burst == 0
