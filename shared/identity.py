@@ -20,6 +20,7 @@ Contract:
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 from dataclasses import dataclass
 from enum import StrEnum
@@ -111,6 +112,16 @@ def operator_token_principal() -> Principal:
     return Principal(user=OPERATOR_TOKEN_ACTOR, team=None, role=Role.OPERATOR, token_id=None)
 
 
+def _address(client: str | None) -> str | None:
+    """``client`` as an IP address, or None when it is no IP address (or absent)."""
+    if not client:
+        return None
+    try:
+        return str(ipaddress.ip_address(client))
+    except ValueError:
+        return None
+
+
 class IdentityClient:
     """Checks user tokens with the submission service (``GET {base_url}/v1/me``)."""
 
@@ -155,10 +166,13 @@ class IdentityClient:
         that the identity service counts a refused token against that caller, not against
         this service's address that every user's check comes from (believed only where
         this service is one of its ``FORWARDED_ALLOW_IPS``: docs/security.md, "Rate
-        limits")."""
+        limits"). Only an IP address is named: a peer in this service's own
+        ``FORWARDED_ALLOW_IPS`` may make ``client`` anything, and a value that is none
+        (beyond ASCII, with spaces) names no one, so the check goes on as if unnamed."""
         headers = {"Authorization": f"Bearer {token}"}
-        if client:
-            headers["X-Forwarded-For"] = client
+        forwarded = _address(client)
+        if forwarded is not None:
+            headers["X-Forwarded-For"] = forwarded
         try:
             if write:
                 response = await self._http.post("/v1/me", headers=headers)
