@@ -113,13 +113,16 @@ def operator_token_principal() -> Principal:
 
 
 def _address(client: str | None) -> str | None:
-    """``client`` as an IP address, or None when it is no IP address (or absent)."""
-    if not client:
-        return None
+    """``client`` as given, when it is an IP address that a header can carry; else None.
+    Not rewritten (``::ffff:203.0.113.9`` stays so): submission keys its bucket by the
+    address as uvicorn gives it, and a client reaching it directly is given it so."""
+    if not client or not client.isascii() or not client.isprintable() or " " in client:
+        return None  # an IPv6 zone (``%eth0``) may be anything ``ip_address`` takes
     try:
-        return str(ipaddress.ip_address(client))
+        ipaddress.ip_address(client)
     except ValueError:
         return None
+    return client
 
 
 class IdentityClient:

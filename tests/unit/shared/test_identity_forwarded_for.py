@@ -45,12 +45,20 @@ async def _asked_with(client_host: str) -> tuple[int, list[str | None]]:
 
 @pytest.mark.parametrize(
     ("host", "named"),
-    [("203.0.113.9", "203.0.113.9"), ("2001:db8::7", "2001:db8::7"), ("::1", "::1")],
+    [
+        ("203.0.113.9", "203.0.113.9"),
+        ("2001:db8::7", "2001:db8::7"),
+        ("::1", "::1"),
+        ("::ffff:203.0.113.9", "::ffff:203.0.113.9"),  # as uvicorn gives it, not rewritten
+        ("fe80::1%eth0", "fe80::1%eth0"),
+    ],
 )
 async def test_the_callers_address_is_named(host: str, named: str) -> None:
     assert await _asked_with(host) == (200, [named])
 
 
-@pytest.mark.parametrize("host", ["caf\u00e9", "not an address", "203.0.113.9 x", ""])
+@pytest.mark.parametrize(
+    "host", ["caf\u00e9", "fe80::1%\u00e9", "fe80::1%a b", "not an address", "203.0.113.9 x", ""]
+)
 async def test_a_client_that_is_no_address_names_none_and_is_still_checked(host: str) -> None:
     assert await _asked_with(host) == (200, [None])
