@@ -27,12 +27,20 @@ Contract (inside the handler's transaction, the job's row locked):
   and deletes the reports kept for an allocation. The handler takes them right after it
   applied the allocation's grant or start and judges each as if it had come then (one that
   still has to wait is kept again).
-- At most ``MAX_KEPT_PER_JOB`` progress reports, and as many others, wait for one job
-  (counted apart: a runner says a progress report every second, and those must not crowd
-  out the job's start, checkpoints and end while a grant waits): a report beyond them is refused for
-  good (``Reject``: dead-lettered with the reason, where an operator can redrive it), so a
-  runner that reports allocations that will never be granted cannot grow the table without
-  bound. In a real loss a job's reports waiting at once are a few per allocation.
+- At most ``MAX_KEPT_PER_NODE`` progress reports, and as many others, from one node wait
+  for one job (counted apart: a runner says a progress report every second, and those must
+  not crowd out the job's start, checkpoints and end while a grant waits): a report beyond
+  them is refused for good (``Reject``: dead-lettered with the reason, where an operator
+  can redrive it), so a runner that reports allocations that will never be granted cannot
+  grow the table without bound. The node is the one the report names (``node_id``), which
+  the bus vouches for (``shared.events.trust``: a runner's user publishes its reports only
+  on its own node's subjects); one from before the field existed counts with the others
+  that name none. Counted per job alone, any runner node, with its own credentials, could
+  fill another team's job's room with reports of allocations never to be granted, and the
+  job's own early reports were refused until it ended; a node now fills only its own share,
+  and the node the job is granted on always has its own. A job's kept reports are so at
+  most ``2 * MAX_KEPT_PER_NODE`` for each node that has a runner's NATS user, and as many
+  naming none. In a real loss a job's reports waiting at once are a few per allocation.
 - A job's kept reports are deleted when the job ends (nothing moves it any more), by the
   statement that writes its terminal status (``repository.set_finished``, the only write of
   one in this service), so every path to an end forgets them, not only the events that end
@@ -60,12 +68,14 @@ from trainyard_platform.shared.events.payloads import (
     JobStarted,
     JobSucceeded,
 )
+from trainyard_platform.shared.events.trust import speaker_of
 
 REPORTS = (JobStarted, JobSucceeded, JobFailed, JobPreempted)
 """A runner's reports on one of its allocations that move a job's status."""
 
-MAX_KEPT_PER_JOB = 32
-"""Most reports kept waiting for one job (see the module docstring)."""
+MAX_KEPT_PER_NODE = 32
+"""Most reports of one kind (progress, or the others) kept waiting for one job from one node
+(see the module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -110,31 +120,37 @@ async def keep(
     conn: asyncpg.Connection, envelope: Envelope[Payload], job_id: str, allocation_id: str
 ) -> None:
     """Store ``envelope`` until ``take(allocation_id)``; ``Reject`` when ``job_id`` already
-    has ``MAX_KEPT_PER_JOB`` reports of its kind waiting (the caller holds the job's row
-    lock, so the count cannot race). Progress reports and the others are counted apart: a
-    runner says a ``job.progress`` every second, so a grant that waited half a minute (held
-    by a replica that died, given back after ``ack_wait``) filled the job's room with them,
-    and the reports after, its start, checkpoints and end among them, were refused."""
+    has ``MAX_KEPT_PER_NODE`` reports of its kind from the node that says it
+    (``trust.speaker_of``) waiting (the caller holds the job's row lock, so the count cannot
+    race). Progress reports and the others are counted apart: a runner says a
+    ``job.progress`` every second, so a grant that waited half a minute (held by a replica
+    that died, given back after ``ack_wait``) filled the job's room with them, and the
+    reports after, its start, checkpoints and end among them, were refused. Nodes are
+    counted apart so that no node can take another's room (module docstring)."""
     progress = isinstance(envelope.data, JobProgress)
+    node = speaker_of(envelope.data)
     waiting = await conn.fetchval(
-        "SELECT count(*) FROM early_reports WHERE job_id = $1 AND progress = $2",
+        "SELECT count(*) FROM early_reports "
+        "WHERE job_id = $1 AND progress = $2 AND node_id IS NOT DISTINCT FROM $3",
         job_id,
         progress,
+        node,
     )
-    if waiting >= MAX_KEPT_PER_JOB:
+    if waiting >= MAX_KEPT_PER_NODE:
         kind = "progress reports" if progress else "reports other than progress"
         raise Reject(
             f"allocation_id: {allocation_id!r} of job {job_id!r} is not granted, and "
-            f"{waiting} {kind} of this job already wait for grants (at most "
-            f"{MAX_KEPT_PER_JOB}); refused, not kept"
+            f"{waiting} {kind} of this job from node {node!r} already wait for grants (at "
+            f"most {MAX_KEPT_PER_NODE} per node); refused, not kept"
         )
     await conn.execute(
-        "INSERT INTO early_reports (allocation_id, job_id, event, progress) "
-        "VALUES ($1, $2, $3, $4)",
+        "INSERT INTO early_reports (allocation_id, job_id, event, progress, node_id) "
+        "VALUES ($1, $2, $3, $4, $5)",
         allocation_id,
         job_id,
         envelope.to_json(),
         progress,
+        node,
     )
 
 

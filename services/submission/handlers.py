@@ -380,10 +380,9 @@ async def _runner_report(
     bus vouches for: ``shared.events.trust``), so this keeps a forged report from writing
     another job's step, metrics or checkpoints, and a gang member from writing a peer's. An
     event from before the field existed names no node and is held to the rest. One of an
-    allocation not granted (yet) waits
-    for the grant like the other reports (``early_reports``: applied when it comes, forgotten
-    when the job ends, refused beyond ``MAX_KEPT_PER_JOB``); one for a job that has ended is
-    dropped."""
+    allocation not granted (yet) waits for the grant like the other reports
+    (``early_reports``: applied when it comes, forgotten when the job ends, refused beyond
+    ``MAX_KEPT_PER_NODE`` from its node); one for a job that has ended is dropped."""
     row = await repo.lock_job(conn, event.job_id)
     if row is None:
         _unknown(envelope, event.job_id)

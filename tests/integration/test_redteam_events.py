@@ -19,15 +19,17 @@ from datetime import UTC, datetime
 import pytest
 
 from tests.integration import test_forged_events as forged
-from trainyard_platform.services.submission.early_reports import MAX_KEPT_PER_JOB
+from trainyard_platform.services.submission.early_reports import MAX_KEPT_PER_NODE
 from trainyard_platform.shared.events import Envelope
 from trainyard_platform.shared.events.payloads import (
+    AllocationGranted,
     CheckpointRef,
     CheckpointSaved,
     JobProgress,
+    JobStarted,
     JobSucceeded,
 )
-from trainyard_platform.shared.events.trust import RUNNER
+from trainyard_platform.shared.events.trust import RUNNER, SCHEDULER
 
 pytestmark = pytest.mark.integration
 
@@ -80,12 +82,12 @@ async def test_progress_of_an_allocation_never_granted_changes_nothing(
             source=RUNNER,
             subject=job,
         )
-        for n in range(MAX_KEPT_PER_JOB + 1)
+        for n in range(MAX_KEPT_PER_NODE + 1)
     ]
     async with platform.bus_of(f"runner-{forged.NODE_A}") as runner:  # its own credentials
         for envelope in forged_reports:
             await runner.publish(envelope)
-    # The reports wait for a grant that never comes, at most MAX_KEPT_PER_JOB of them.
+    # The reports wait for a grant that never comes, at most MAX_KEPT_PER_NODE of them.
     last = forged_reports[-1].to_json()
     await platform.dead.wait_for({last: {"submission"}}, "progress beyond the kept ones")
     assert "refused, not kept" in platform.dead.by_body[last]["submission"]
@@ -95,7 +97,51 @@ async def test_progress_of_an_allocation_never_granted_changes_nothing(
     kept = await platform.pools["submission"].fetchval(
         "SELECT count(*) FROM early_reports WHERE job_id = $1", job
     )
-    assert kept == MAX_KEPT_PER_JOB
+    assert kept == MAX_KEPT_PER_NODE
+
+
+async def test_another_nodes_reports_never_take_the_room_of_the_node_granted_the_job(
+    platform: Platform,
+) -> None:
+    """The room kept for a job's early reports was the job's, whoever filled it: node A,
+    with its own credentials, filled another team's job's with starts of allocations never
+    to be granted, and the job's own start, said by the node it was then granted on before
+    the grant came (as after NATS lost its store), was refused and dead-lettered; the job
+    showed SCHEDULED while it ran. Each node now fills only its own share."""
+    job = await _queued_job(platform)
+    hostile = [
+        Envelope.wrap(forged.sample(JobStarted, job, forged.NODE_A), source=RUNNER, subject=job)
+        for _ in range(MAX_KEPT_PER_NODE + 1)
+    ]
+    async with platform.bus_of(f"runner-{forged.NODE_A}") as runner:  # its own credentials
+        for envelope in hostile:
+            await runner.publish(envelope)
+    last = hostile[-1].to_json()
+    await platform.dead.wait_for({last: {"submission"}}, "a start beyond node A's share")
+
+    granted = forged.sample(AllocationGranted, job, forged.NODE_B)
+    assert isinstance(granted, AllocationGranted)
+    own = Envelope.wrap(
+        forged.SAMPLES[JobStarted](job, forged.NODE_B, granted.allocation_id),
+        source=RUNNER,
+        subject=job,
+    )
+    async with platform.bus_of(f"runner-{forged.NODE_B}") as runner:  # before its grant
+        await runner.publish(own)
+    pool = platform.pools["submission"]
+    kept = "SELECT count(*) FROM early_reports WHERE allocation_id = $1"
+    async with asyncio.timeout(forged.WAIT_S):
+        while not await pool.fetchval(kept, granted.allocation_id):
+            refused = platform.dead.by_body.get(own.to_json(), {}).get("submission")
+            assert refused is None, refused
+            await asyncio.sleep(0.1)
+    async with platform.bus_of("scheduler") as scheduler:
+        await scheduler.publish(Envelope.wrap(granted, source=SCHEDULER, subject=forged.NODE_B))
+    status = "SELECT status FROM jobs WHERE id = $1"
+    async with asyncio.timeout(forged.WAIT_S):
+        while await pool.fetchval(status, job) != "RUNNING":
+            await asyncio.sleep(0.1)
+    assert await pool.fetchval(kept, granted.allocation_id) == 0
 
 
 async def test_a_checkpoint_of_an_allocation_never_granted_changes_nothing(

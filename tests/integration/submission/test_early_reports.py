@@ -15,7 +15,7 @@ from tests.integration.submission.conftest import Submission, eventually
 from tests.unit.submission import factories as ev
 from trainyard_platform.services.submission import repository as repo
 from trainyard_platform.services.submission.domain import SCHEDULER_SOURCE
-from trainyard_platform.services.submission.early_reports import MAX_KEPT_PER_JOB
+from trainyard_platform.services.submission.early_reports import MAX_KEPT_PER_NODE
 from trainyard_platform.shared.events import Envelope, Payload
 from trainyard_platform.shared.events.trust import owner
 
@@ -127,7 +127,7 @@ async def test_reports_of_allocations_never_granted_are_kept_up_to_a_bound(
     cannot grow the table without bound: beyond the bound a report is refused, not kept, and
     the job's view goes on."""
     job = (await submission.submit())["id"]
-    for n in range(MAX_KEPT_PER_JOB + 3):
+    for n in range(MAX_KEPT_PER_NODE + 3):
         await submission.bus.publish(
             Envelope.wrap(
                 ev.started(job, f"alloc-forged-{n}"), source=owner(ev.started(job)), subject=job
@@ -137,7 +137,7 @@ async def test_reports_of_allocations_never_granted_are_kept_up_to_a_bound(
     await submission.publish(ev.checkpoint(job, 5))  # a marker: all of the above was seen
     view = await submission.wait_for(job, lambda v: len(v["checkpoints"]) == 1)
     assert view["status"] == "SCHEDULED"
-    assert await _kept(submission, job) == MAX_KEPT_PER_JOB
+    assert await _kept(submission, job) == MAX_KEPT_PER_NODE
 
     await submission.publish(ev.started(job, "alloc-1"))
     await submission.publish(ev.succeeded(job, "alloc-1"))
@@ -178,26 +178,26 @@ async def test_progress_while_the_grant_waits_never_takes_the_room_of_the_jobs_e
 ) -> None:
     """A grant held by a replica of this service that died comes back only after ack_wait;
     meanwhile the job's runner reports progress every second. The progress reports filled
-    the job's ``MAX_KEPT_PER_JOB`` kept reports, and every report after them was refused and
+    the job's ``MAX_KEPT_PER_NODE`` kept reports, and every report after them was refused and
     dead-lettered, the job's checkpoint and success among them: its view never ended. The
     progress reports are now counted apart: those beyond the bound are refused (a later one
     says more), the job's other reports are kept and the job converges."""
     job = (await submission.submit())["id"]
     beyond = 8
     await submission.publish(ev.started(job))
-    for step in range(1, MAX_KEPT_PER_JOB + beyond + 1):
+    for step in range(1, MAX_KEPT_PER_NODE + beyond + 1):
         await submission.publish(ev.progress(job, step, loss=1 / step))
     await submission.publish(ev.checkpoint(job, 50))
     await submission.publish(ev.succeeded(job))
     async with asyncio.timeout(15):
-        while await _kept(submission, job) < MAX_KEPT_PER_JOB + 3:
+        while await _kept(submission, job) < MAX_KEPT_PER_NODE + 3:
             await asyncio.sleep(0.05)
 
     await submission.publish(ev.granted(job))
     view = await submission.wait_for(job, lambda v: v["status"] == "SUCCEEDED")
     assert _statuses(view) == ["QUEUED", "SCHEDULED", "RUNNING", "SUCCEEDED"]
     assert [c["step"] for c in view["checkpoints"]] == [50]
-    assert view["step"] == MAX_KEPT_PER_JOB
+    assert view["step"] == MAX_KEPT_PER_NODE
     dead = await submission.bus.jetstream.stream_info(
         submission.bus.settings.deadletter_stream, subjects_filter="deadletter.submission"
     )
