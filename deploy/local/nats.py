@@ -86,6 +86,7 @@ from trainyard_platform.shared.events.payloads import (
     RunnerHeartbeat,
 )
 from trainyard_platform.shared.events.trust import (
+    REGISTRY,
     RUNNER_NODE_ONLY,
     delegate_key,
     delegated_keys,
@@ -111,23 +112,27 @@ def _every(*types: type[Payload]) -> list[str]:
 
 
 _CONSUMES: dict[str, list[str]] = {
-    "submission": _every(
-        JobPending,
-        AllocationGranted,
-        JobStarted,
-        JobProgress,
-        CheckpointSaved,
-        JobSucceeded,
-        JobFailed,
-        JobPreempted,
-        JobCancelled,
-        ModelRegistered,
-        CostRecorded,
-        FlavorDeclared,
-        FlavorRetired,
-        BudgetUpdated,
-        BudgetThresholdCrossed,
-    ),
+    "submission": [
+        *_every(
+            JobPending,
+            AllocationGranted,
+            JobStarted,
+            JobProgress,
+            CheckpointSaved,
+            JobSucceeded,
+            JobFailed,
+            JobPreempted,
+            JobCancelled,
+            ModelRegistered,
+            CostRecorded,
+            FlavorDeclared,
+            FlavorRetired,
+            BudgetUpdated,
+            BudgetThresholdCrossed,
+        ),
+        # The registry's cancel requests, said on its behalf (its own it never reads back).
+        f"{JobCancelRequested.TYPE}.{delegate_key(REGISTRY)}",
+    ],
     "scheduler": _every(
         RunnerHeartbeat,
         JobSubmitted,

@@ -49,12 +49,13 @@ from trainyard_platform.services.submission.domain import (
     judge,
     process_ended_at,
 )
-from trainyard_platform.shared.events import Envelope, Payload
+from trainyard_platform.shared.events import Envelope, Payload, nats_subject
 from trainyard_platform.shared.events.payloads import (
     AllocationGranted,
     CheckpointSaved,
     CostRecorded,
     JobCancelled,
+    JobCancelRequested,
     JobFailed,
     JobPending,
     JobPreempted,
@@ -64,6 +65,7 @@ from trainyard_platform.shared.events.payloads import (
     ModelRegistered,
     dump,
 )
+from trainyard_platform.shared.events.trust import REGISTRY, delegate_key
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +82,11 @@ CONSUMED: tuple[type[Payload], ...] = (
     ModelRegistered,
     CostRecorded,
 )
+"""Consumed on every subject of their type."""
+
+SAID_ON_ITS_BEHALF: tuple[str, ...] = (nats_subject(JobCancelRequested, delegate_key(REGISTRY)),)
+"""What this service consumes only as another says it on its behalf: the registry's
+``job.cancel_requested`` (``<type>.by-registry``); its own it records when a user asks."""
 
 
 async def dispatch(envelope: Envelope[Payload], conn: asyncpg.Connection) -> None:
@@ -103,6 +110,8 @@ async def dispatch(envelope: Envelope[Payload], conn: asyncpg.Connection) -> Non
         case CostRecorded():
             if await _known(conn, envelope, data.job_id):
                 await _cost(data, conn)
+        case JobCancelRequested() if envelope.source == REGISTRY:
+            await _cancel_requested(envelope, data, conn)
         case _:
             return
 
@@ -145,6 +154,36 @@ async def _lifecycle(
         for kept in await early_reports.take(conn, event.allocation_id):
             log.info("job %s: judging %s (%s), which waited", event.job_id, kept.type, kept.id)
             await dispatch(kept, conn)
+
+
+async def _cancel_requested(
+    envelope: Envelope[Payload], event: JobCancelRequested, conn: asyncpg.Connection
+) -> None:
+    """The registry asked the scheduler to cancel the job on this service's behalf (its
+    parent model version was deleted before the registry heard of it:
+    ``registry.job_inputs``): recorded as a user's request is (``cancel_requested_at``, the
+    first request's time staying), so the view says the job is being cancelled and the
+    runner's ``job.preempted`` that reports the stop is not taken for a preemption
+    (``domain``: a job whose cancel was requested is never PREEMPTED). Before, this service
+    never heard of the request, and the job showed PREEMPTED, its history "preempted", until
+    the scheduler's ``job.cancelled`` came. The request comes before that ``job.preempted``
+    in the stream: the scheduler revokes the job only once it has the request. Nothing is
+    recorded of a job that has ended."""
+    row = await repo.lock_job(conn, event.job_id)
+    if row is None:
+        _unknown(envelope, event.job_id)
+        return
+    if JobStatus(row["status"]).is_terminal:
+        log.info(
+            "job %s: ignoring %s (%s) from %s: the job has ended",
+            event.job_id,
+            envelope.type,
+            envelope.id,
+            envelope.source,
+        )
+        return
+    log.info("job %s: cancel requested by %s: %s", event.job_id, envelope.source, event.reason)
+    await repo.set_cancel_requested_by_delegate(conn, event.job_id, envelope.time)
 
 
 async def _not_its_own(

@@ -527,6 +527,19 @@ async def lock_job(conn: asyncpg.Connection, job_id: str) -> asyncpg.Record | No
     )
 
 
+async def set_cancel_requested_by_delegate(
+    conn: asyncpg.Connection, job_id: str, at: datetime
+) -> None:
+    """Record a cancel asked on this service's behalf (the registry's), unless one was
+    asked already (the first request's time stays)."""
+    await conn.execute(
+        "UPDATE jobs SET cancel_requested_at = $2, updated_at = clock_timestamp() "
+        "WHERE id = $1 AND cancel_requested_at IS NULL",
+        job_id,
+        at,
+    )
+
+
 async def attempt_allocations(conn: asyncpg.Connection, job_id: str, attempt: int) -> list[str]:
     """The allocations granted to one attempt of the job (one per node of a gang)."""
     rows = await conn.fetch(

@@ -21,7 +21,10 @@ from trainyard_platform.shared.runtime import ServiceRuntime, open_service_store
 
 NAME = "submission"
 MIGRATIONS = Path(__file__).parent / "migrations"
-SUBJECTS = [nats_subject(event) for event in (*handlers.CONSUMED, *governance.CONSUMED)]
+SUBJECTS = [
+    *(nats_subject(event) for event in (*handlers.CONSUMED, *governance.CONSUMED)),
+    *handlers.SAID_ON_ITS_BEHALF,
+]
 
 
 def event_handler(

@@ -15,8 +15,8 @@ from trainyard_platform.services.submission.config import Settings
 from trainyard_platform.services.submission.domain import SCHEDULER_SOURCE
 from trainyard_platform.shared.bus import BatchHandler, Bus, Delivery
 from trainyard_platform.shared.events import Envelope, Payload
-from trainyard_platform.shared.events.payloads import JobPending
-from trainyard_platform.shared.events.trust import owner
+from trainyard_platform.shared.events.payloads import JobCancelRequested, JobPending
+from trainyard_platform.shared.events.trust import REGISTRY, owner
 
 pytestmark = pytest.mark.integration
 
@@ -246,6 +246,32 @@ async def test_a_cancelled_running_job_is_not_said_preempted(submission: Submiss
     view = await submission.wait_for(job, lambda v: v["status"] == "CANCELLED")
     assert _statuses(view) == ["QUEUED", "SCHEDULED", "RUNNING", "CANCELLED"]
     assert view["history"][-1]["reason"] == "cancelled by user"
+
+
+async def test_a_running_job_the_registry_cancelled_is_never_shown_preempted(
+    submission: Submission,
+) -> None:
+    """The registry asks, on this service's behalf, to cancel a job whose parent model
+    version was deleted before it heard of the job (``registry.job_inputs``). Submission
+    never heard of that request: the runner's report of the stop was applied, and the job
+    showed PREEMPTED, its history "preempted", until the scheduler's ``job.cancelled``."""
+    job = (await submission.submit())["id"]
+    await submission.publish(ev.granted(job))
+    await submission.publish(ev.started(job))
+    request = JobCancelRequested(
+        job_id=job, team="ml", user="registry", reason="its parent model version was deleted"
+    )
+    await submission.publish(request, source=REGISTRY)  # on <type>.by-registry
+    stopped = ev.preempted(job).model_copy(update={"reason": "cancelled", "checkpoint": None})
+    await submission.publish(stopped)  # the runner: the scheduler's revocation stopped it
+    await submission.publish(ev.checkpoint(job, 5))  # a marker: all of the above was seen
+    view = await submission.wait_for(job, lambda v: len(v["checkpoints"]) == 1)
+    assert view["status"] == "RUNNING"
+    assert view["cancel_requested"] is True
+
+    await submission.publish(ev.cancelled(job))  # the scheduler's verdict
+    view = await submission.wait_for(job, lambda v: v["status"] == "CANCELLED")
+    assert _statuses(view) == ["QUEUED", "SCHEDULED", "RUNNING", "CANCELLED"]
 
 
 async def test_events_for_unknown_jobs_are_ignored_and_consumption_goes_on(
