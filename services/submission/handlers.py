@@ -11,7 +11,10 @@ Data (metrics, checkpoints, allocations, models, costs) is always
 recorded, but a runner's report is believed (its status judged, its data recorded) only of
 an allocation granted to that very job on the node that says it (``_runner_report``,
 ``_not_its_own``): any runner may say one for any job id. Events about jobs this service
-never accepted are logged and dropped.
+never accepted are logged and dropped. The ``job.cancel_requested`` the registry says on
+this service's behalf (a job whose parent model version was deleted) is recorded as a
+user's cancel is (``_cancel_requested``), so the stop it asks for is not shown as a
+preemption.
 
 A runner's report that comes before what it follows (its allocation's grant; for a
 ``job.succeeded``, the allocation's ``job.started``) is kept (``early_reports``) and judged
