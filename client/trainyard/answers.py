@@ -498,6 +498,21 @@ ESTIMATE: Shape = {
     "max_runtime_seconds": INT,
 }
 
+WAITING: Shape = {
+    "job_id": STR,
+    "gpu_flavor": STR,
+    "gpus": INT,
+    "priority": STR,
+    "attempt": INT,
+    "position": Opt(INT),
+    "reason": Opt(STR),
+    "blocking": Opt(STR),
+    "suggestion": Opt(STR),
+    "estimated_start": Opt(TIME),
+    "submitted_at": TIME,
+    "eligible_at": Opt(TIME),
+}
+"""A waiting job as the scheduler shows it (``PendingJobView``): ``queue --all-teams``."""
 _CORDON: Shape = Opt({"reason": STR, "by": STR, "since": TIME, "until": Opt(TIME)})
 QUEUE: Shape = {
     "nodes": [
@@ -512,9 +527,11 @@ QUEUE: Shape = {
             "cordon": _CORDON,
             "retired_at": Opt(TIME),
         }
-    ]
+    ],
+    "queues": [{"name": STR, "team": STR, "waiting": INT, "pending": [WAITING]}],
 }
-"""The scheduler's ``GET /v1/queue``, the part ``nodes ls`` shows."""
+"""The scheduler's ``GET /v1/queue``, the parts ``nodes ls`` and ``queue --all-teams``
+show."""
 NODE_CORDON: Shape = {"node_id": STR, "cordon": _CORDON}
 FLAVOR: Shape = {
     "name": STR,
@@ -639,6 +656,7 @@ ROUTES: dict[tuple[str, str], Shape] = {
     ("POST", "/v1/costs/estimate"): ESTIMATE,
     ("GET", "/v1/waste"): WASTE,
     ("GET", "/v1/queue"): QUEUE,
+    ("GET", "/v1/queue/*/pending"): [WAITING],
     ("POST", "/v1/admin/nodes/*/cordon"): NODE_CORDON,
     ("POST", "/v1/admin/nodes/*/uncordon"): NODE_CORDON,
     **{("GET", f"/v1/admin/{kind}"): [view] for kind, view in _ADMIN.items()},

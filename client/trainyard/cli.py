@@ -10,7 +10,7 @@
     trainyard cancel JOB... [--if-match ETAG] | rerun JOB         cancel | submit its spec again
     trainyard sweep SPEC --grid K=V1,V2 [--random N] [--metric M]  hyper-parameter search
     trainyard rerun --reproduce JOB [--follow] | reproduction JOB reproduce it | the verdict
-    trainyard queue                                               the team's waiting line, why
+    trainyard queue [--all-teams]                                 the team's waiting line, why
     trainyard metrics JOB [KEY] | experiments [EXP] | compare EXP curves, experiments, runs
     trainyard tag JOB TAG... [--rm] | note JOB [TEXT]             tags and notes on runs
     trainyard models NAME                                         a model's versions (older)
@@ -69,6 +69,7 @@ from trainyard import (
     cli_jobs,
     cli_models,
     cli_nodes,
+    cli_queue,
     cli_sweep,
     cli_trace,
     cli_tracking,
@@ -324,8 +325,7 @@ def _parser() -> argparse.ArgumentParser:
     cancel = command("cancel", cli_jobs.cancel, "ask for jobs to be cancelled")
     cancel.add_argument("jobs", nargs="+", metavar="JOB")
     add_if_match(cancel)  # one JOB only: the ETag is of one job (``describe`` prints it)
-    queue = command("queue", cli_jobs.queue, "the team's waiting jobs and why they wait")
-    queue.add_argument("--limit", type=positive_arg, default=100, help="at most this many")
+    cli_queue.add_command(command)
     cli_tracking.add_commands(command)
     cli_waste.add_command(command)
     cli_models.add_commands(command, common)

@@ -44,6 +44,7 @@ from trainyard.cli_render import (
     summary_reason,
     table,
     time_text,
+    waiting_reason,
     why,
 )
 from trainyard.client import (
@@ -925,16 +926,7 @@ def queue(session: Session) -> int:
                 view["status"],
                 time_text(view["submitted_at"]),
                 time_text(pending.get("estimated_start")),
-                "; ".join(
-                    p
-                    for p in (
-                        pending.get("reason"),
-                        pending.get("blocking") and f"blocked by {pending['blocking']}",
-                        pending.get("suggestion") and f"suggestion: {pending['suggestion']}",
-                    )
-                    if p
-                )
-                or "-",
+                waiting_reason(pending),
             )
         )
     session.emit(waiting, lambda: table(QUEUE_HEADER, rows, empty=NO_WAITING))

@@ -313,6 +313,18 @@ def pending_text(pending: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
+def waiting_reason(pending: dict[str, Any]) -> str:
+    """Why a job waits, on one line: the scheduler's reason, what blocks it, its suggestion
+    and the end of a back-off after a failure (``-``: none said)."""
+    parts = (
+        pending.get("reason"),
+        pending.get("blocking") and f"blocked by {pending['blocking']}",
+        pending.get("suggestion") and f"suggestion: {pending['suggestion']}",
+        pending.get("eligible_at") and f"backing off until {time_text(pending['eligible_at'])}",
+    )
+    return "; ".join(p for p in parts if p) or "-"
+
+
 def metrics_text(metrics: dict[str, Any]) -> str:
     if not metrics:
         return "(none)"

@@ -263,6 +263,12 @@ class TrainyardClient:
         query = {k: v for k, v in params.items() if v is not None}
         return self._list("GET", path, params=query)
 
+    def get_pages(self, path: str, **params: str | int | None) -> Iterator[list[Any]]:
+        """The pages of the plain-list route ``path`` (a queue's waiting jobs), one request
+        each as the caller reads on: a caller that has what it needs stops the reading."""
+        query = {k: v for k, v in params.items() if v is not None}
+        return self._pages("GET", path, params=query)
+
     def get_list(self, path: str, **params: str | int | None) -> list[Any]:
         """The JSON list that answers ``GET path``, one answer (no pages), with its response
         (its ``ETag``); anything else: ``MalformedAnswer``."""
@@ -501,19 +507,27 @@ class TrainyardClient:
         """Every row of a list route whose body is a plain list (the first ``most`` when
         given), following its ``Link: <...>; rel="next"`` header page after page."""
         rows: list[dict[str, Any]] = []
+        for page in self._pages(method, path, **kwargs):
+            rows.extend(page)
+            if most is not None and len(rows) >= most:
+                return rows[:most]
+        return rows
+
+    def _pages(self, method: str, path: str, **kwargs: Any) -> Iterator[list[Any]]:
+        """The pages of a list route whose body is a plain list, one request each as the
+        caller asks for the next, following its ``Link: <...>; rel="next"`` header (a caller
+        that stops early asks for no more)."""
         read: set[str] = set()
         while True:
             response = self._response(method, path, None, **kwargs)
             body = _json(response)
             if not isinstance(body, list):
                 raise MalformedAnswer(response, "not a JSON list")
-            rows.extend(body)
+            yield body
             read.add(str(response.request.url))
             following = response.links.get("next", {}).get("url")
-            if most is not None and len(rows) >= most:
-                return rows[:most]
             if not following:
-                return rows
+                return
             if str(response.request.url.join(following)) in read:
                 raise MalformedAnswer(response, f"its next page is one already read ({following})")
             # The next page's URL carries every parameter, the cursor included.
