@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from trainyard import cli_jobs
@@ -85,7 +86,7 @@ def run_queue(session: Session) -> int:
     )
     shown: list[dict[str, Any]] = []
     for queue in queues:
-        jobs = asked("scheduler", lambda q=queue: _waiting(scheduler, q, limit, args.flavor))
+        jobs = asked("scheduler", partial(_waiting, scheduler, queue, limit, args.flavor))
         if jobs:
             shown.append({**queue, "pending": jobs})
     for queue in shown:

@@ -229,3 +229,16 @@ def test_a_malformed_waiting_job_is_one_line(
     assert cli.main([*BASE, "queue", "--all-teams"]) == Exit.ERROR
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "queues[0].pending[0].gpus: expected an integer" in err, err
+
+
+def test_a_queue_gone_while_its_pages_are_read_is_one_line(
+    scheduler: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    def route(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/queue":
+            return _answer(_queue("vision", "vision", [_job(1)], waiting=500))
+        return httpx.Response(404, json={"detail": "no queue vision", "errors": []})
+
+    scheduler["route"] = route
+    assert cli.main([*BASE, "queue", "--all-teams", "--limit", "200"]) == Exit.NOT_FOUND
+    assert capsys.readouterr().err == "trainyard: error: scheduler: 404 no queue vision\n"
