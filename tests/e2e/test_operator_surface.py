@@ -119,12 +119,19 @@ def test_every_service_serves_its_metrics_without_a_token(
         time.sleep(2)
     assert not any(missing.values()), missing
 
-    scheduler = _families(stack.service_urls["scheduler"])
-    finished = {
-        s.labels["state"]: s.value
-        for s in scheduler["trainyard_scheduler_jobs_finished"].samples
-        if s.name.endswith("_total")
-    }
+    # A gauge read every 15 s, from the scheduler's own table: the job's end may reach the
+    # scheduler, and then its next reading, after the fixture saw it end at submission.
+    deadline = time.monotonic() + 60
+    while True:
+        scheduler = _families(stack.service_urls["scheduler"])
+        finished = {
+            s.labels["state"]: s.value
+            for s in scheduler["trainyard_scheduler_jobs_finished"].samples
+            if s.name.endswith("_total")
+        }
+        if finished.get("SUCCEEDED", 0) >= 1 or time.monotonic() > deadline:
+            break
+        time.sleep(2)
     assert finished.get("SUCCEEDED", 0) >= 1
     routes = {
         s.labels.get("route") for s in scheduler["trainyard_http_server_duration_seconds"].samples
