@@ -17,8 +17,8 @@ Contract:
 - ``KILL_GRACE_SECONDS``: the most a job runs past its ``max_runtime_seconds``. The runner
   stops a job at its limit with SIGTERM and SIGKILLs it after its ``kill_grace_seconds``,
   which is at most this (its settings refuse more); all the while the job holds its GPUs
-  and is billed them. ``attempt_seconds(max_runtime_seconds)``: the longest one attempt
-  holds them, the limit and the grace.
+  and is billed them. ``attempt_seconds(max_runtime_seconds)``: the longest one attempt's
+  process runs, the limit and the grace (not the whole time billed: see its docstring).
 - ``worst(per_hour, seconds)``: ``seconds`` at ``per_hour``, rounded up to a micro-unit;
   ``reservation(job, rates)`` is ``worst(hourly(job, rates),
   attempt_seconds(max_runtime_seconds))``.
@@ -51,8 +51,11 @@ counts it is one the runner cannot exceed."""
 
 
 def attempt_seconds(max_runtime_seconds: int) -> int:
-    """The longest one attempt of a job with this limit holds (and is billed) its GPUs: the
-    limit and the kill grace after it."""
+    """What one attempt of a job with this limit is reserved: the limit and the kill grace
+    after it, the longest its process runs. Not a strict bound of what the attempt is
+    billed: billing counts from the grant to the release, which also holds the time before
+    the process starts (its environment built, its checkpoint restored) and the runner's
+    wait for the last checkpoint upload after it ends."""
     return max_runtime_seconds + KILL_GRACE_SECONDS
 
 
