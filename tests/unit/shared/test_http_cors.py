@@ -34,7 +34,9 @@ def add_thing() -> str:
 class Viewers:
     """A stand-in identity service: ``viewer-token`` is a viewer of team ``ml``."""
 
-    async def principal(self, token: str, *, write: bool = False) -> Principal | None:
+    async def principal(
+        self, token: str, *, write: bool = False, client: str | None = None
+    ) -> Principal | None:
         return Principal("val", "ml", Role.VIEWER, 7) if token == "viewer-token" else None
 
 
