@@ -268,6 +268,23 @@ class ServiceSettings(LogFormatSettings):
     """On SIGTERM, how long in-flight work may take to finish before the process exits."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     """Lowest level of log lines the process writes (DEBUG adds e.g. one line per pass)."""
+    write_rate_per_s: float = Field(default=10.0, gt=0)
+    """Writes (``POST``, ``PUT``, ``PATCH``, ``DELETE``) each user may make to this service
+    per second, sustained (``shared.ratelimit``); past the burst the API answers 429 with
+    ``Retry-After``. A request that stores nothing (a dry run, a cost estimate, a retry
+    answered from its ``Idempotency-Key``'s job) is a read (``shared.access.only_reads``,
+    submission's ``ratelimit.replays_as_read``). The operator token is not limited."""
+    write_burst: int = Field(default=50, ge=1)
+    """Writes a user may make at once before ``write_rate_per_s`` applies."""
+    read_rate_per_s: float = Field(default=50.0, gt=0)
+    """Reads (``GET``, ``HEAD``, and requests that store nothing: dry runs, cost estimates,
+    retries answered from their ``Idempotency-Key``'s job) each user may make to this
+    service per second, sustained."""
+    read_burst: int = Field(default=200, ge=1)
+    """Reads a user may make at once before ``read_rate_per_s`` applies."""
+    team_rate_factor: float = Field(default=10.0, ge=1, le=1_000_000)
+    """A team's users together may make this many times a user's reads and writes (rate
+    and burst): an admin creating users does not multiply the team's rate past it."""
     nats: NatsSettings = Field(default_factory=NatsSettings)
     database: DatabaseSettings = Field(default_factory=DatabaseSettings)
     storage: StorageSettings = Field(default_factory=StorageSettings)

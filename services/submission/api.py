@@ -42,15 +42,17 @@ Contract:
   checking that its sha256 is the one in the path and that it is a bundle a runner unpacks
   (``shared.bundle_archive``: else 422 naming ``body`` with the reason; 201 created, 200
   already there).
-- Every authenticated request spends a token of its user's bucket (``ratelimit``; keyed by
-  the user id the guard resolves, never the token itself nor the client address): reads
-  (``GET``, ``HEAD``) and writes (everything else) have buckets and settings of their own
+- Every authenticated request spends a token of its user's bucket (``shared.ratelimit``;
+  keyed by the user id the guard resolves, never the token itself nor the client
+  address): reads (``GET``, ``HEAD``) and writes (everything else) have buckets and
+  settings of their own
   (``read_rate_per_s``/``read_burst``, ``write_rate_per_s``/``write_burst``), and a
   request that stores nothing (a dry run, a retry answered from its ``Idempotency-Key``'s
   job) spends a read, so it never takes a write from the requests that do, and is limited
   all the same; the other
   services check the token of each of their writes with ``POST /v1/me``, a write, and of
-  each read with ``GET /v1/me``, so a user's requests to any service share these buckets.
+  each read with ``GET /v1/me``, so a user's requests to any service share these buckets
+  (each of those services also has buckets of its own: ``shared.access``).
   Each request also spends a token of its team's bucket (``team_rate_factor`` times a
   user's rate and burst), so a team's users together, however many its admin creates, are
   limited too. An empty bucket answers 429 with ``Retry-After`` (whole seconds, at least
@@ -69,7 +71,6 @@ Contract:
 from __future__ import annotations
 
 import asyncio
-import math
 import re
 import tempfile
 from collections.abc import AsyncIterator, Sequence
@@ -121,9 +122,7 @@ from trainyard_platform.services.submission.known_callers import (
 )
 from trainyard_platform.services.submission.objects import Objects
 from trainyard_platform.services.submission.ratelimit import (
-    Buckets,
     OwedWrite,
-    RateLimiter,
     charged_unless_replayed,
     defers_its_write,
     owe_write,
@@ -184,6 +183,7 @@ from trainyard_platform.shared.http_errors import (
     spool_body,
 )
 from trainyard_platform.shared.identity import Role
+from trainyard_platform.shared.ratelimit import COUNTED_AS_READ, UserRateLimits
 from trainyard_platform.shared.slots import Slots
 from trainyard_platform.shared.storage import ObjectStore
 
@@ -907,28 +907,9 @@ def _bundle_sha256(value: str) -> str:
 # --- authentication --------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class RateLimits:
-    """The buckets of reads and of writes, per user and per team (see the module)."""
-
-    reads: RateLimiter
-    writes: RateLimiter
-    team_reads: RateLimiter
-    team_writes: RateLimiter
-
-    @classmethod
-    def of(cls, settings: Settings) -> RateLimits:
-        factor = settings.team_rate_factor
-        return cls(
-            reads=RateLimiter(settings.read_rate_per_s, settings.read_burst),
-            writes=RateLimiter(settings.write_rate_per_s, settings.write_burst),
-            team_reads=RateLimiter(
-                settings.read_rate_per_s * factor, math.ceil(settings.read_burst * factor)
-            ),
-            team_writes=RateLimiter(
-                settings.write_rate_per_s * factor, math.ceil(settings.write_burst * factor)
-            ),
-        )
+class RateLimits(UserRateLimits):
+    """The buckets of reads and of writes, per user and per team (see the module), and how
+    a submission's request spends them."""
 
     def check(
         self,
@@ -944,8 +925,7 @@ class RateLimits:
         A write to a ``ratelimit.replays_as_read()`` route under an ``Idempotency-Key``
         spends a read and owes its write (``ratelimit.owed_write``), or, where the reads
         are spent, the write now."""
-        reads = Buckets(self.reads, self.team_reads, "read")
-        writes = Buckets(self.writes, self.team_writes, "write")
+        reads, writes = self.reads, self.writes
         user, team = caller.user_id, caller.team_id
         write = is_write(connection, handler)
         if (
@@ -956,13 +936,10 @@ class RateLimits:
         ):
             owe_write(connection.scope["state"], OwedWrite(reads, writes, user, team))
             return
-        why = _COUNTED_AS_READ if stores_nothing(connection, handler) else ""
-        refused = (writes if write else reads).take(user, team, why)
+        why = COUNTED_AS_READ if stores_nothing(connection, handler) else ""
+        refused = self.take(write, user, team, why)
         if refused is not None:
             raise refused
-
-
-_COUNTED_AS_READ = "; a request that stores nothing, as this dry run, counts as a read"
 
 
 def caller_guard(

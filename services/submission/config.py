@@ -31,23 +31,6 @@ class Settings(ServiceSettings):
     log_page_max_bytes: int = Field(default=4 * 1024 * 1024, ge=1)
     """A page of ``GET /v1/jobs/{id}/logs`` stops adding chunks past this many bytes (it
     always holds at least one)."""
-    write_rate_per_s: float = Field(default=10.0, gt=0)
-    """Writes (``POST``, ``PUT``, ``PATCH``, ``DELETE``) each user may make per second,
-    sustained; past the burst the API answers 429 with ``Retry-After``. A request that
-    stores nothing (a dry run, a cost estimate, a retry answered from its
-    ``Idempotency-Key``'s job) is a read (``shared.access.only_reads``,
-    ``ratelimit.replays_as_read``)."""
-    write_burst: int = Field(default=50, ge=1)
-    """Writes a user may make at once before ``write_rate_per_s`` applies."""
-    read_rate_per_s: float = Field(default=50.0, gt=0)
-    """Reads (``GET``, ``HEAD``, and requests that store nothing: dry runs, cost estimates,
-    retries answered from their ``Idempotency-Key``'s job) each user may make per second,
-    sustained."""
-    read_burst: int = Field(default=200, ge=1)
-    """Reads a user may make at once before ``read_rate_per_s`` applies."""
-    team_rate_factor: float = Field(default=10.0, ge=1, le=1_000_000)
-    """A team's users together may make this many times a user's reads and writes (rate
-    and burst): an admin creating users does not multiply the team's rate past it."""
     token_ttl_days: int | None = Field(default=90, ge=1, le=3660)
     """Lifetime of a new token in days, 1 to 3660 (first tokens of users included), unless
     its request says otherwise. Every token so expires: the environment cannot turn expiry

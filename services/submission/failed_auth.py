@@ -2,12 +2,12 @@
 
 Every request with a token costs a database lookup (``identity.authenticate``); one whose
 token is missing, malformed, wrong, revoked or expired, or whose user is disabled, is
-refused (401) before the rate limits of ``ratelimit``, which are keyed by the user it has
+refused (401) before the rate limits of ``shared.ratelimit``, which are keyed by the user it has
 not got. So a client sending garbage tokens cost a lookup each, without bound.
 
 Contract:
 - ``failed(address, token_hash)`` counts a refused authentication (each 401 of the guard)
-  against the client address, and forgets that the token was seen valid (below), in a ``ratelimit.RateLimiter`` of ``failed_auth_rate_per_s`` and
+  against the client address, and forgets that the token was seen valid (below), in a ``shared.ratelimit.RateLimiter`` of ``failed_auth_rate_per_s`` and
   ``failed_auth_burst`` (one mechanism with the users' limits: the same buckets, forgotten
   the same way, bounded in memory the same way).
 - ``refusal(address, token_hash)``: None, or the 429 (``Retry-After``, in the shared error
@@ -35,8 +35,8 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
-from trainyard_platform.services.submission.ratelimit import DEFAULT_MAX_KEYS, RateLimiter
 from trainyard_platform.shared.http_errors import RateLimited
+from trainyard_platform.shared.ratelimit import DEFAULT_MAX_KEYS, RateLimiter
 
 VOUCHED_FOR_S = 900.0
 """How long a token's success lets it past its address's refusal (15 minutes)."""

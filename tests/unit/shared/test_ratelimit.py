@@ -1,16 +1,12 @@
-"""Token buckets with a fake clock: burst, refill, one bucket per key, bounded memory."""
+"""Token buckets with a fake clock: burst, refill, one bucket per key, bounded memory; a
+user's bucket with its team's, and a service's reads and writes built from its settings."""
 
 from __future__ import annotations
 
 import pytest
 
-from trainyard_platform.services.submission.ratelimit import (
-    Buckets,
-    OwedWrite,
-    RateLimiter,
-    charged_unless_replayed,
-)
-from trainyard_platform.shared.http_errors import RateLimited
+from trainyard_platform.shared.ratelimit import Buckets, RateLimiter, UserRateLimits
+from trainyard_platform.shared.settings import ServiceSettings
 
 
 class Clock:
@@ -110,50 +106,6 @@ def test_a_token_given_back_is_there_again_never_past_the_burst() -> None:
     assert limiter.take("a") > 0
 
 
-def _owed(clock: Clock) -> tuple[OwedWrite, RateLimiter, RateLimiter]:
-    reads, writes = RateLimiter(1, 3, clock), RateLimiter(1, 2, clock)
-    big = RateLimiter(1, 100, clock)
-    owed = OwedWrite(Buckets(reads, big, "read"), Buckets(writes, big, "write"), "u", "t")
-    assert owed.reads.take("u", "t") is None  # what the guard spends
-    return owed, reads, writes
-
-
-def _left(limiter: RateLimiter) -> float:
-    return limiter._buckets["u"][0]
-
-
-def test_a_replay_is_charged_its_read_and_anything_else_a_write() -> None:
-    """``charged_unless_replayed``: a request settled as a replay keeps the read the guard
-    spent (a write spent meanwhile is given back); one that ends otherwise, raised or not,
-    spends a write instead of the read."""
-    clock = Clock()
-    owed, reads, writes = _owed(clock)
-    with charged_unless_replayed(owed):
-        assert owed.took()
-        owed.replayed()
-    assert (_left(reads), writes._buckets.get("u", (2.0, 0))[0]) == (2.0, 2.0)
-
-    owed, reads, writes = _owed(clock)
-    with pytest.raises(ValueError), charged_unless_replayed(owed):
-        raise ValueError("a 409 or a 422")
-    assert (_left(reads), _left(writes)) == (3.0, 1.0)
-
-
-def test_a_write_refused_keeps_the_read_its_lookup_spent() -> None:
-    """Past the write burst a request under a key is refused (429) and keeps its read: its
-    key's lookup was made, so a flood of new keys is limited by the reads too."""
-    clock = Clock()
-    owed, reads, writes = _owed(clock)
-    writes.take("u")
-    writes.take("u")
-    assert not owed.took()
-    with pytest.raises(RateLimited) as refused:
-        owed.spend()
-    assert refused.value.errors[0].field == "Authorization"
-    assert "write requests per second per user" in refused.value.detail
-    assert _left(reads) == 2.0
-
-
 def test_wait_says_what_take_would_and_spends_nothing() -> None:
     clock = Clock()
     limiter = RateLimiter(rate=2, burst=2, clock=clock)
@@ -165,3 +117,38 @@ def test_wait_says_what_take_would_and_spends_nothing() -> None:
     clock.now += 0.5
     assert limiter.wait("a") == 0.0
     assert limiter.take("a") == 0.0
+
+
+def test_a_team_refusal_spends_nothing_of_the_user_and_names_the_team() -> None:
+    clock = Clock()
+    user, team = RateLimiter(1, 5, clock), RateLimiter(1, 2, clock)
+    buckets = Buckets(user, team, "read", " to the registry service")
+    assert buckets.take("alice", "ml") is None
+    assert buckets.take("bob", "ml") is None
+    refused = buckets.take("carol", "ml")
+    assert refused is not None
+    assert refused.detail == (
+        "rate limit exceeded: at most 1 read requests to the registry service per second "
+        "per team, all its users together (bursts of 2); retry after 1 s"
+    )
+    assert refused.headers == {"Retry-After": "1"}
+    assert refused.errors[0].field == "Authorization"
+    assert user._buckets["carol"][0] == 5.0  # given back: the team's bucket refused
+
+
+def test_a_services_limits_are_its_settings_reads_and_writes_apart() -> None:
+    settings = ServiceSettings(
+        read_rate_per_s=0.001, read_burst=3, write_rate_per_s=0.001, write_burst=1,
+        team_rate_factor=2.5,
+    )  # fmt: skip
+    limits = UserRateLimits.of(settings, " to the billing service")
+    assert (limits.reads.team.rate, limits.reads.team.burst) == (0.0025, 8)  # 7.5 rounded up
+    assert (limits.writes.team.rate, limits.writes.team.burst) == (0.0025, 3)
+    assert limits.take(True, "u", "t") is None
+    refused = limits.take(True, "u", "t", "; why")
+    assert refused is not None and refused.detail.startswith(
+        "rate limit exceeded: at most 0.001 write requests to the billing service per second "
+        "per user (bursts of 1); why; retry after "
+    )
+    assert [limits.take(False, "u", "t") for _ in range(3)] == [None] * 3  # reads: their own
+    assert limits.take(False, "u", "t") is not None
