@@ -25,6 +25,15 @@ Contract:
     leaves the user's writes to the requests that do. The check names the caller's address
     (``X-Forwarded-For``), against which submission counts a wrong token where it trusts
     this service (``services.submission.failed_auth``).
+  A request with a user token then spends a read or a write (as its check did) of that
+  user's bucket and its team's at this service (``shared.ratelimit``, built by ``guard_for``
+  from the service's ``read_rate_per_s``, ``read_burst``, ``write_rate_per_s``,
+  ``write_burst`` and ``team_rate_factor``): past them it is 429 in the shared error shape,
+  naming ``Authorization``, the limit and the service, with ``Retry-After``, before its role
+  is checked or its handler runs. The user's buckets at submission, which its token check
+  spends, are shared by all the services; these bound what one user takes of this one, on
+  each of its replicas. The operator token spends none (the operators' break-glass
+  credential; no user, no team), nor do the probes, which need no token.
   Anything else is 401; a missing header, a malformed one (a token that is not RFC 6750's
   ``b64token`` or is over 1024 characters, or ``Authorization`` given twice:
   ``shared.auth.presented_token``) and a wrong, revoked or expired token are not told apart. The identity service being down is 503, never an open door.
@@ -50,6 +59,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Final
 
+import httpx
 from litestar.connection import ASGIConnection
 from litestar.di import Provide
 from litestar.exceptions import NotAuthorizedException
@@ -65,6 +75,7 @@ from trainyard_platform.shared.identity import (
     Role,
     operator_token_principal,
 )
+from trainyard_platform.shared.ratelimit import COUNTED_AS_READ, UserRateLimits
 from trainyard_platform.shared.settings import GuardedServiceSettings
 
 OPEN_PATHS: Final[frozenset[str]] = frozenset({"/healthz", "/readyz", "/metrics"})
@@ -121,9 +132,15 @@ def is_open_probe(connection: ASGIConnection[Any, Any, Any, Any]) -> bool:
     return handler is not None and handler.opt.get(_PUBLIC_ASSET) is True
 
 
-def service_guard(admin_token: SecretStr, identity: IdentityClient | None = None) -> Guard:
+def service_guard(
+    admin_token: SecretStr,
+    identity: IdentityClient | None = None,
+    limits: UserRateLimits | None = None,
+) -> Guard:
     """An app-level guard: every route but the probes needs the operator token or (with
-    ``identity``) a valid user token. Raises ``ValueError`` for an empty operator token."""
+    ``identity``) a valid user token, whose request spends a read or a write of its user's
+    and team's ``limits`` (none: not limited here). Raises ``ValueError`` for an empty
+    operator token."""
     expected = admin_token.get_secret_value().encode()
     if not expected.strip():
         raise ValueError("the operator (admin) token must not be empty")
@@ -145,10 +162,15 @@ def service_guard(admin_token: SecretStr, identity: IdentityClient | None = None
             # it at the identity service, not against this service's, which every user's
             # check comes from (``IdentityClient.principal``).
             client = connection.client.host if connection.client is not None else None
-            principal = await identity.principal(
-                presented, write=is_write(connection, handler), client=client
-            )
+            write = is_write(connection, handler)
+            principal = await identity.principal(presented, write=write, client=client)
             teams = _asking(identity, presented)
+            if principal is not None and limits is not None:
+                # Keyed by the user the token resolved to (names are unique within a team).
+                why = COUNTED_AS_READ if stores_nothing(connection, handler) else ""
+                refused = limits.take(write, (principal.team, principal.user), principal.team, why)
+                if refused is not None:
+                    raise refused
         if principal is None:
             raise NotAuthorizedException(UNAUTHENTICATED)
         enforce_least_role(principal, connection, handler)
@@ -168,15 +190,23 @@ def _asking(identity: IdentityClient, token: str) -> TeamExists:
 
 
 @asynccontextmanager
-async def guard_for(settings: GuardedServiceSettings) -> AsyncIterator[Guard]:
-    """The ``service_guard`` of a service's settings; its identity client (when
-    ``identity_url`` is set) is closed on exit."""
-    setting = f"{settings.model_config.get('env_prefix', '')}IDENTITY_URL"
+async def guard_for(
+    settings: GuardedServiceSettings, http: httpx.AsyncClient | None = None
+) -> AsyncIterator[Guard]:
+    """The ``service_guard`` of a service's settings: its identity client (when
+    ``identity_url`` is set; ``http``: how it reaches it, by default HTTP), closed on exit,
+    and its users' rate limits (``UserRateLimits.of`` the settings, named after the
+    service: ``TRAINYARD_REGISTRY_`` is the registry service)."""
+    prefix = str(settings.model_config.get("env_prefix", ""))
     identity = (
-        IdentityClient(settings.identity_url, setting=setting) if settings.identity_url else None
+        IdentityClient(settings.identity_url, http=http, setting=f"{prefix}IDENTITY_URL")
+        if settings.identity_url
+        else None
     )
+    name = prefix.removeprefix("TRAINYARD_").strip("_").lower()
+    limits = UserRateLimits.of(settings, f" to the {name} service" if name else "")
     try:
-        yield service_guard(settings.admin_token, identity)
+        yield service_guard(settings.admin_token, identity, limits)
     finally:
         if identity is not None:
             await identity.aclose()

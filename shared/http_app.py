@@ -177,9 +177,10 @@ ERRORS: Final[Mapping[int, str]] = {
 """Every error status a Trainyard API answers, as its OpenAPI document describes it."""
 EVERY_ROUTE: Final = (400, 401, 403, 422, 429, 503)
 """The errors any guarded route may answer: a request Litestar cannot read, no valid token, a
-role or team below the route's, an invalid parameter, the user's rate limit spent (checking
-a user token spends it, on every service), a token that cannot be checked now or a
-dependency that cannot be reached."""
+role or team below the route's, an invalid parameter, the user's rate limit spent (the
+service's own, ``shared.ratelimit``, or submission's, which checking a user token spends
+on every service), a token that cannot be checked now or a dependency that cannot be
+reached."""
 
 
 IfNoneMatch = Annotated[
