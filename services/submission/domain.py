@@ -16,7 +16,11 @@ Contract:
   again, and no one preempted it.
 - A job whose cancel was requested is never PREEMPTED: a ``job.preempted`` then reports the
   stop the cancel asked for, and the job stays as it was until the scheduler's
-  ``job.cancelled`` (its history never says it was preempted).
+  ``job.cancelled`` (its history never says it was preempted). Nor is a job whose
+  ``job.preempted`` says so itself (``CANCEL_STOP_REASON``), whether or not the request was
+  heard yet: the registry's request, said on this service's behalf, may be handled after
+  the runner's report of the stop (redelivered after it failed, or said again after NATS
+  lost its store), and either order ends the same.
 - Only the scheduler ends a job FAILED. A ``job.failed`` from any other source (the
   runner's) reports one attempt: ``judge`` answers ``AttemptFailed`` (record the failure and
   a FAILED history entry, keep the status) once per attempt, and only while that attempt
@@ -53,6 +57,11 @@ from trainyard_platform.shared.events.payloads import (
 
 SCHEDULER_SOURCE = "trainyard/scheduler"
 """The envelope ``source`` of the scheduler's events: the one that decides a job's outcome."""
+
+CANCEL_STOP_REASON = "cancelled"
+"""The reason of a runner's ``job.preempted`` that reports the stop of a cancel: the
+scheduler revokes a cancelled job's allocations with the reason ``cancelled`` and no detail
+(``AllocationRevoked``), and the runner reports the revocation's detail, else its reason."""
 
 
 class JobStatus(StrEnum):
@@ -210,9 +219,13 @@ def judge(state: JobState, event: LifecycleEvent, source: str = "") -> Verdict:
                     f"{target} from allocation {event.allocation_id}, "
                     f"but the job holds {state.allocation_id}"
                 )
-            if isinstance(event, JobPreempted) and state.cancel_requested:
+            if isinstance(event, JobPreempted) and (
+                state.cancel_requested or event.reason == CANCEL_STOP_REASON
+            ):
                 # The stop the cancel asked for (the runner says a revocation ended its
                 # allocation as job.preempted); the scheduler's job.cancelled ends the job.
+                # Its reason says so even before the request is heard (the registry's may
+                # be handled after this report: ``CANCEL_STOP_REASON``).
                 return Ignore("the job is being cancelled; it was stopped, not preempted")
             if isinstance(event, JobPreempted) and _restarted(state):
                 # The scheduler's requeue of an attempt whose failure is recorded: the job

@@ -170,8 +170,10 @@ async def _cancel_requested(
     (``domain``: a job whose cancel was requested is never PREEMPTED). Before, this service
     never heard of the request, and the job showed PREEMPTED, its history "preempted", until
     the scheduler's ``job.cancelled`` came. The request comes before that ``job.preempted``
-    in the stream: the scheduler revokes the job only once it has the request. Nothing is
-    recorded of a job that has ended."""
+    in the stream (the scheduler revokes the job only once it has the request), but may be
+    handled after it (redelivered after a failure, said again after NATS lost its store):
+    ``domain.judge`` knows that stop by its reason too, so either order ends the same.
+    Nothing is recorded of a job that has ended."""
     row = await repo.lock_job(conn, event.job_id)
     if row is None:
         _unknown(envelope, event.job_id)

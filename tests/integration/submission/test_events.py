@@ -274,6 +274,33 @@ async def test_a_running_job_the_registry_cancelled_is_never_shown_preempted(
     assert _statuses(view) == ["QUEUED", "SCHEDULED", "RUNNING", "CANCELLED"]
 
 
+async def test_a_registry_cancel_handled_after_the_stop_it_caused_ends_the_same(
+    submission: Submission,
+) -> None:
+    """The registry's request is in the stream before the runner's report of the stop (the
+    scheduler revokes only once it has it), but may be handled after it: redelivered after
+    a failure, or said again by the registry's outbox after NATS lost its store. The job
+    then showed PREEMPTED, and its history kept "preempted" after the scheduler's
+    ``job.cancelled``."""
+    job = (await submission.submit())["id"]
+    await submission.publish(ev.granted(job))
+    await submission.publish(ev.started(job))
+    stopped = ev.preempted(job).model_copy(update={"reason": "cancelled", "checkpoint": None})
+    await submission.publish(stopped)  # the runner: the scheduler's revocation stopped it
+    request = JobCancelRequested(
+        job_id=job, team="ml", user="registry", reason="its parent model version was deleted"
+    )
+    await submission.publish(request, source=REGISTRY)  # handled late
+    await submission.publish(ev.checkpoint(job, 5))  # a marker: all of the above was seen
+    view = await submission.wait_for(job, lambda v: len(v["checkpoints"]) == 1)
+    assert view["status"] == "RUNNING"
+    assert view["cancel_requested"] is True
+
+    await submission.publish(ev.cancelled(job))  # the scheduler's verdict
+    view = await submission.wait_for(job, lambda v: v["status"] == "CANCELLED")
+    assert _statuses(view) == ["QUEUED", "SCHEDULED", "RUNNING", "CANCELLED"]
+
+
 async def test_events_for_unknown_jobs_are_ignored_and_consumption_goes_on(
     submission: Submission,
 ) -> None:

@@ -9,6 +9,7 @@ import pytest
 
 from tests.unit.submission import factories as ev
 from trainyard_platform.services.submission.domain import (
+    CANCEL_STOP_REASON,
     SCHEDULER_SOURCE,
     TERMINAL,
     TRANSITIONS,
@@ -176,7 +177,18 @@ def test_the_stop_of_a_job_being_cancelled_is_no_preemption() -> None:
     assert judge(cancelling, ev.cancelled(JOB)) == Apply(S.CANCELLED, record=True)
     # Without a cancel request a preemption is one.
     running = JobState(S.RUNNING, allocation_id="alloc-1", attempt=0)
-    assert judge(running, stopped) == Apply(S.PREEMPTED, record=True)
+    assert judge(running, ev.preempted(JOB)) == Apply(S.PREEMPTED, record=True)
+
+
+def test_the_stop_of_a_cancel_heard_before_its_request_is_no_preemption() -> None:
+    # The registry's cancel request (said on submission's behalf) may be handled after the
+    # runner's report of the stop it caused: redelivered after it failed, or said again
+    # after NATS lost its store. The job showed PREEMPTED, and its history kept "preempted"
+    # after the scheduler's job.cancelled.
+    running = JobState(S.RUNNING, allocation_id="alloc-1", attempt=0)
+    stopped = ev.preempted(JOB).model_copy(update={"reason": CANCEL_STOP_REASON})
+    assert isinstance(judge(running, stopped), Ignore)
+    assert judge(running, ev.cancelled(JOB)) == Apply(S.CANCELLED, record=True)
 
 
 def test_a_job_that_failed_while_cancelling_ends_cancelled_when_the_scheduler_says_so() -> None:
