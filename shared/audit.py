@@ -19,9 +19,10 @@ Contract:
   reads keyset pages of ``EXPORT_PAGE`` entries from the database (``oldest``), each on a
   connection taken for that page only, up to the newest id when the export began (entries
   written after it are left for the next export). ``limit`` and ``after`` (the JSON list's
-  paging) are a 422 naming them. Once its first line is sent its status is said: a
-  failure after it (the database lost) ends the answer without its last chunk, so a client
-  sees a broken transfer, never a short export that looks whole. A ``HEAD`` answers its
+  paging) are a 422 naming them. Its first page is read before its status is said, so a
+  database unavailable then is a 503 as on every route; a failure after it (the database
+  lost) ends the answer without its last chunk, so a client sees a broken transfer, never
+  a short export that looks whole. A ``HEAD`` answers its
   headers with no database read beyond the check of its window.
 - Export: ids only grow, so paging by id never lists an entry twice nor skips one committed
   before the first page was read (new ones, above it, are left for the next export). An
@@ -250,7 +251,7 @@ def audit_route(pool: asyncpg.Pool, service: str) -> HTTPRouteHandler:
                 "until", f"must not be before since ({since.isoformat()}): the window is empty"
             )
         if request.accept.best_match([JSON, NDJSON], default=JSON) == NDJSON:
-            return _export(request, pool, before, since, until)
+            return await _export(request, pool, before, since, until)
         key = CURSOR.read(after, of=service)
         below = [i for i in (before, None if key is None else key[0]) if i is not None]
         async with pool.acquire() as conn:
@@ -268,7 +269,7 @@ def audit_route(pool: asyncpg.Pool, service: str) -> HTTPRouteHandler:
     return audit_log
 
 
-def _export(
+async def _export(
     request: Request[Any, Any, Any],
     pool: asyncpg.Pool,
     before: int | None,
@@ -285,5 +286,23 @@ def _export(
             "the window: leave it out",
         )
     # A HEAD's body is never sent: it reads nothing for it.
-    lines = iter(()) if request.method == "HEAD" else export_lines(pool, before, since, until)
-    return cast(Response[list[AuditEntry]], Stream(lines, media_type=NDJSON))
+    if request.method == "HEAD":
+        return cast(Response[list[AuditEntry]], Stream(iter(()), media_type=NDJSON))
+    lines = export_lines(pool, before, since, until)
+    return cast(Response[list[AuditEntry]], Stream(await _started(lines), media_type=NDJSON))
+
+
+async def _started(lines: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """``lines`` with its first chunk read now, before the answer's status is said: a
+    database unavailable when the export begins is the 503 every route answers for it, not
+    a 200 whose body breaks off before its first line."""
+    first = await anext(lines, None)
+
+    async def chained() -> AsyncIterator[bytes]:
+        if first is None:
+            return
+        yield first
+        async for chunk in lines:
+            yield chunk
+
+    return chained()

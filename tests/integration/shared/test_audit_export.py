@@ -7,16 +7,20 @@ import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import asyncpg
 import httpx
 import pytest
 from pydantic import SecretStr
 
+from tests.fixtures.tcp_proxy import TcpProxy
 from trainyard_platform.shared import audit
 from trainyard_platform.shared.access import service_guard
+from trainyard_platform.shared.db import DATABASE_FAULTS, open_pool
 from trainyard_platform.shared.http_app import service_app
 from trainyard_platform.shared.identity import operator_token_principal
+from trainyard_platform.shared.settings import DatabaseSettings
 
 pytestmark = pytest.mark.integration
 
@@ -235,3 +239,66 @@ async def test_the_ndjson_export_s_head_and_document(
     document = (await http.get("/schema/openapi.json", headers=AUTH)).json()
     content = document["paths"]["/v1/audit"]["get"]["responses"]["200"]["content"]
     assert set(content) == {"application/json", "application/x-ndjson"}
+
+
+@pytest.fixture
+async def proxy(database_url: str) -> AsyncIterator[TcpProxy]:
+    """A proxy to the test database's socket: cut it and the service has lost its database."""
+    folder = parse_qs(urlsplit(database_url).query)["host"][0]
+    async with TcpProxy.to_socket(f"{folder}/.s.PGSQL.5432") as started:
+        yield started
+
+
+@pytest.fixture
+async def proxied_pool(
+    pool: asyncpg.Pool, database_url: str, proxy: TcpProxy
+) -> AsyncIterator[asyncpg.Pool]:
+    """A pool on the same schema (migrated by ``pool``), through ``proxy``."""
+    database = urlsplit(database_url).path
+    settings = DatabaseSettings(
+        url=f"postgresql://postgres@127.0.0.1:{proxy.port}{database}",
+        pool_min_size=1,
+        connect_timeout_seconds=5.0,
+        acquire_timeout_seconds=5.0,
+    )
+    async with open_pool(settings, "t") as proxied:
+        yield proxied
+        proxy.restore()  # so the pool closes its connections as usual
+
+
+async def test_an_export_begun_without_its_database_is_a_503(
+    pool: asyncpg.Pool, proxied_pool: asyncpg.Pool, proxy: TcpProxy
+) -> None:
+    """The export's first read came after its 200 was said: with the database unavailable
+    when it began, the answer was a 200 that broke off before its first line (in process,
+    the app's exception), where every other route answers 503, try again."""
+    await _write(pool, "one")
+    app = service_app(
+        "test", [audit.audit_route(proxied_pool, "test")], service_guard(SecretStr(TOKEN))
+    )
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+        assert [e["target"] for e in await _ndjson(http, "/v1/audit")] == ["one"]
+        await proxy.cut()
+        answer = await http.get("/v1/audit", headers=NDJSON_ACCEPT)
+        assert answer.status_code == 503, answer.text
+        assert "try again" in answer.json()["detail"]
+        assert "retry-after" in answer.headers
+        proxy.restore()
+        assert [e["target"] for e in await _ndjson(http, "/v1/audit")] == ["one"]
+
+
+async def test_an_export_that_loses_its_database_midway_fails_and_never_ends_short(
+    pool: asyncpg.Pool, proxied_pool: asyncpg.Pool, proxy: TcpProxy
+) -> None:
+    """Read as the route streams it: the database lost after the first page is a failure of
+    the stream (the server then ends the answer without its last chunk), never an end that
+    would pass a short export for a whole one."""
+    for i in range(5):
+        await _write(pool, f"e{i}")
+    lines = audit.export_lines(proxied_pool, None, None, None, page=2)
+    first = await anext(lines)
+    assert [json.loads(line)["target"] for line in first.splitlines()] == ["e0", "e1"]
+    await proxy.cut()
+    with pytest.raises(DATABASE_FAULTS):  # not StopAsyncIteration, a whole export's end
+        await anext(lines)
