@@ -7,7 +7,6 @@ import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
 import asyncpg
 import httpx
@@ -244,8 +243,7 @@ async def test_the_ndjson_export_s_head_and_document(
 @pytest.fixture
 async def proxy(database_url: str) -> AsyncIterator[TcpProxy]:
     """A proxy to the test database's socket: cut it and the service has lost its database."""
-    folder = parse_qs(urlsplit(database_url).query)["host"][0]
-    async with TcpProxy.to_socket(f"{folder}/.s.PGSQL.5432") as started:
+    async with TcpProxy.to_postgres(database_url) as started:
         yield started
 
 
@@ -254,9 +252,8 @@ async def proxied_pool(
     pool: asyncpg.Pool, database_url: str, proxy: TcpProxy
 ) -> AsyncIterator[asyncpg.Pool]:
     """A pool on the same schema (migrated by ``pool``), through ``proxy``."""
-    database = urlsplit(database_url).path
     settings = DatabaseSettings(
-        url=f"postgresql://postgres@127.0.0.1:{proxy.port}{database}",
+        url=proxy.postgres_url(database_url),
         pool_min_size=1,
         connect_timeout_seconds=5.0,
         acquire_timeout_seconds=5.0,
