@@ -11,21 +11,29 @@ until its claim, declaration or the inventory mode changed."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
 import httpx
 import pytest
 
-from tests.integration.scheduler.conftest import Scheduler, Tuned
+from tests.fixtures.tcp_proxy import TcpProxy
+from tests.integration.scheduler.conftest import Scheduler, Tuned, until
 from tests.integration.scheduler.test_node_inventory import AUTH, CREATE, http
 from trainyard_platform.services.scheduler.inventory import InventoryMode
 from trainyard_platform.services.scheduler.node_supply import SupplyHerald
+from trainyard_platform.shared.db import open_pool
 from trainyard_platform.shared.events.payloads import NodeSupplied
+from trainyard_platform.shared.settings import DatabaseSettings
 
 pytestmark = pytest.mark.integration
 
 __all__ = ["http"]  # the fixture
+
+
+def failed_rounds(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.getMessage().startswith("saying node supplies failed")]
 
 
 async def said_in_outbox(pool: asyncpg.Pool, node_id: str) -> int:
@@ -129,3 +137,34 @@ async def test_a_leader_says_at_its_start_the_supply_of_nodes_not_said_in_its_te
     finally:
         stop.set()
         await run
+
+
+async def test_a_leader_that_starts_in_a_database_outage_says_its_term_s_supplies_once_it_ends(
+    scheduler: Scheduler, database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The herald's first round fails while PostgreSQL is unreachable: it is tried again,
+    still for every node not said in the term, as soon as the database answers, not an
+    ``interval_s`` later."""
+    await scheduler.heartbeat("n1", gpus=2)
+    await scheduler.wait_for(NodeSupplied)
+    async with TcpProxy.to_postgres(database_url) as proxy:
+        settings = DatabaseSettings(
+            url=proxy.postgres_url(database_url),
+            pool_min_size=1,
+            connect_timeout_seconds=5.0,
+            acquire_timeout_seconds=5.0,
+        )
+        async with open_pool(settings, "scheduler") as pool:
+            await proxy.cut()
+            stop = asyncio.Event()
+            run = asyncio.create_task(SupplyHerald(pool, interval_s=3600).run(stop))
+            try:
+                await until(lambda: failed_rounds(caplog))  # its first round met the outage
+                assert failed_rounds(caplog)[0].levelno == logging.WARNING  # an outage
+                assert not run.done()  # survived it
+                proxy.restore()
+                said = await scheduler.wait_for(NodeSupplied, count=2)
+                assert [(s.node_id, s.sequence) for s in said] == [("n1", 1), ("n1", 1)]
+            finally:
+                stop.set()
+                await run
