@@ -244,3 +244,94 @@ def test_metrics_without_a_registry_url_is_not_said_to_exit_7() -> None:
     assert "except CliError:\n        if args.key:\n            raise" in source
     page = _text("docs/cli.md")
     assert "without a registry URL, `metrics JOB` shows the job's latest step" in page
+
+
+def _bus_section() -> str:
+    text = (ROOT / "docs" / "security.md").read_text()
+    return text[text.index("\n## Bus\n") :]
+
+
+def test_the_bus_s_publish_list_names_every_type_each_source_may_say() -> None:
+    """docs/security.md ("Bus", "Publish") listed what each service's NATS user may publish
+    as "only the event types its source may say (``shared.events.trust``, one table)" but
+    left out the scheduler's ``flavor.declared``, ``flavor.retired`` and ``node.supplied``
+    and billing's ``budget.updated`` and ``budget.threshold_crossed``, which that table
+    gives them and deploy/nats/nats.conf lets them publish."""
+    from trainyard_platform.shared.events import trust
+
+    section = _bus_section()
+    start = section.index("* **Publish**")
+    publish = " ".join(section[start : section.index("\n* **", start + 1)].split())
+    for source in (trust.SUBMISSION, trust.SCHEDULER, trust.RUNNER, trust.REGISTRY, trust.BILLING):
+        for payload in trust.types_said_by(source):
+            name = payload.TYPE.removeprefix("trainyard.").removesuffix(".v1")
+            family = name.split(".")[0] + ".*"
+            assert f"`{name}`" in publish or f"`{family}`" in publish, (source, name)
+
+
+def test_the_bus_s_open_points_are_under_not_done_yet() -> None:
+    """The "Duplicate ids" paragraph of docs/security.md ("Bus") was put between the "Not
+    done yet" bullet and its last two points, so "An epoch is checked against what the node
+    itself saw" and "Upgrading a running platform ... dead-letters what was in flight" read
+    as points of "Duplicate ids", a part that is done."""
+    section = _bus_section()
+    start = section.index("* **Not done yet:**")
+    for point in ("  * An epoch is checked against what the node itself saw", "  * Upgrading"):
+        at = section.index(point, start)
+        assert "\n* **" not in section[start:at], point
+
+
+def test_dev_py_test_is_said_to_run_the_whole_gate() -> None:
+    """docs/operations.md ("Chaos") said "``python3 dev.py test`` runs the short chaos
+    suite"; it runs the whole gate (``ruff format --check``, ``ruff check``, mypy,
+    lint-imports, then every test: dev.py ``cmd_test``), the chaos suite among the tests."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("dev", ROOT / "dev.py")
+    assert spec is not None and spec.loader is not None
+    dev = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(dev)
+    assert "gate" in dev.TARGETS["test"][1]
+    page = _text("docs/operations.md")
+    assert "`python3 dev.py test` runs the short chaos suite" not in page
+    assert "`python3 dev.py test` runs the whole gate" in page
+    assert "the short chaos suite included (`tests/chaos/`" in page
+
+
+def test_the_body_limit_is_said_of_every_json_body() -> None:
+    """docs/security.md ("Input limits") said "``POST /v1/jobs`` and ``POST /v1/admin/users``
+    accept at most 64 KiB of JSON", as if no other body were bounded; every JSON body of
+    every service is read by ``shared.http_errors.read_json_body`` with a limit of 64 KiB
+    (each service's ``*BODY_MAX_BYTES``), 413 past it."""
+    import math
+    import re
+
+    limits = {
+        f"{path.relative_to(ROOT)}:{name}": math.prod(int(n) for n in value.split("*"))
+        for path in sorted((ROOT / "services").rglob("*.py"))
+        for name, value in re.findall(
+            r"^([A-Z_]*BODY_MAX_BYTES)\s*=\s*([\d *]+)$", path.read_text(), re.MULTILINE
+        )
+    }
+    assert len(limits) >= 6, limits
+    assert set(limits.values()) == {64 * 1024}, limits
+    page = _text("docs/security.md")
+    assert "`POST /v1/jobs` and `POST /v1/admin/users` accept at most 64 KiB" not in page
+    assert "every JSON body of every service is read by one function" in page
+
+
+def test_the_scheduler_s_routes_table_has_every_route(tmp_path: Path) -> None:
+    """docs/operations.md ("The scheduler's routes") said it lists "every route of the
+    scheduler's API" and left out its dead-letter routes (``shared.deadletters``), which
+    the scheduler serves as every service does."""
+    import re
+
+    from tests.unit.shared.test_api_docs import operations
+
+    doc = (ROOT / "docs" / "operations.md").read_text()
+    table = doc[doc.index("\n## The scheduler's routes\n") : doc.index("\n## Reading the queue\n")]
+    routes = [(m, p) for service, m, p in operations(tmp_path) if service == "scheduler"]
+    assert len(routes) >= 20
+    for method, path in routes:
+        template = re.sub(r"\\\{[^}]*\\\}", r"\\{[^}/]+\\}", re.escape(path))
+        assert re.search(rf"{method} {template}(?![\w/{{])", table), f"{method} {path}"
