@@ -3,8 +3,8 @@
 Contract:
 - Roles rank ``viewer < member < admin`` within a team, and ``operator`` above all of them on
   the whole platform (Kubernetes' view/edit/admin/cluster-admin, in that order):
-  * viewer: read the team's jobs, logs, metrics, models and costs;
-  * member: also submit jobs, upload code, cancel its own jobs, manage its own tokens;
+  * viewer: read the team's jobs, logs, metrics, models and costs; manage its own tokens;
+  * member: also submit jobs, upload code, cancel its own jobs;
   * admin: also manage the team's users and tokens, and cancel any of the team's jobs;
   * operator: queues, quotas, flavors, priority classes, dead letters, the audit log, and
     every team's data.
