@@ -22,7 +22,7 @@ Contract:
 - ``deadletter_routes(bus, consumer, audit_pool=pool)`` serves the same to operators over
   HTTP (each route declares ``opt=needs(Role.OPERATOR)`` for the app's guard, and checks the
   principal again), recording redrives and discards in the service's audit log when given its
-  pool:
+  pool, else (a service without a database: the runner) in one log line each:
 
   * ``GET /v1/deadletters?after=<seq>&limit=<n>&reason=<text>``: a page, oldest first;
   * ``GET /v1/deadletters/{seq}``: one, with its headers and body;
@@ -34,6 +34,7 @@ Contract:
 from __future__ import annotations
 
 import base64
+import logging
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -66,6 +67,8 @@ from trainyard_platform.shared.events import EventParseError, parse_envelope
 from trainyard_platform.shared.http_app import error_responses
 from trainyard_platform.shared.http_errors import Conflicting
 from trainyard_platform.shared.identity import Principal, Role
+
+log = logging.getLogger(__name__)
 
 MAX_PAGE = 500
 """Most dead letters one page holds."""
@@ -306,15 +309,18 @@ def deadletter_routes(
 ) -> list[HTTPRouteHandler]:
     """The operator routes over ``consumer``'s dead letters (see the module docstring), for
     a service's ``service_app`` route list; redrives and discards go to the audit log of
-    ``audit_pool`` when given (services without a database: the service log only)."""
+    ``audit_pool`` when given (services without a database: one line of the service log)."""
     letters = DeadLetters(bus, consumer)
 
     async def record(principal: Principal, action: str, sequence: int, detail: Any) -> None:
-        if audit_pool is not None:
-            async with audit_pool.acquire() as conn:
-                await audit.record(
-                    conn, principal, action, f"deadletter/{consumer}/{sequence}", detail
-                )
+        target = f"deadletter/{consumer}/{sequence}"
+        if audit_pool is None:
+            # No audit log to hold it (a service without a database: the runner), so an
+            # operator's change is at least in the service's log.
+            log.info("%s %s by %s: event %s", action, target, principal.actor, detail["event_id"])
+            return
+        async with audit_pool.acquire() as conn:
+            await audit.record(conn, principal, action, target, detail)
 
     @get("/v1/deadletters", opt=needs(Role.OPERATOR))
     async def list_dead_letters(

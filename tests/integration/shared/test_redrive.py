@@ -350,6 +350,25 @@ async def test_the_http_api_is_for_operators_and_audited(
     ]
 
 
+async def test_a_discard_on_a_service_without_an_audit_log_is_logged(
+    bus: Bus, consumer: Consumer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A service without a database (the runner) has no audit log: an operator's discard
+    of one of its dead letters was recorded nowhere, though its routes said "the service
+    log only". The log now names the action, the dead letter, the operator and the event."""
+    _, second = await _dead_letter_two(bus, consumer)
+    [event_id] = [d.event_id for d in (await DeadLetters(bus, CONSUMER).page()).dead_letters][1:]
+    assert event_id is not None
+    transport = httpx.ASGITransport(app=_app(bus))  # type: ignore[arg-type]
+    op = {"Authorization": f"Bearer {OPERATOR}"}
+    caplog.set_level("INFO", logger="trainyard_platform.shared.deadletters")
+    async with httpx.AsyncClient(transport=transport, base_url="http://svc") as http:
+        assert (await http.delete(f"/v1/deadletters/{second}", headers=op)).status_code == 200
+    [line] = [r.getMessage() for r in caplog.records if "deadletter.discard" in r.getMessage()]
+    assert f"deadletter/{CONSUMER}/{second}" in line
+    assert "operator-token" in line and event_id in line
+
+
 class _Server(uvicorn.Server):
     """uvicorn in the test's loop, leaving the signals alone."""
 
