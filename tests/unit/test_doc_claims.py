@@ -335,3 +335,18 @@ def test_the_scheduler_s_routes_table_has_every_route(tmp_path: Path) -> None:
     for method, path in routes:
         template = re.sub(r"\\\{[^}]*\\\}", r"\\{[^}/]+\\}", re.escape(path))
         assert re.search(rf"{method} {template}(?![\w/{{])", table), f"{method} {path}"
+
+
+def test_an_s3_endpoint_is_said_to_be_tried_as_often_as_it_is() -> None:
+    """docs/operations.md ("Settings") said a service that cannot reach its S3 endpoint at
+    start tries it "5 times first"; the client's pool retries 5 times
+    (``client_from_settings``: ``Retry(total=5)``), so it is tried 6 times (6 requests
+    counted against an endpoint answering 503)."""
+    from trainyard.storage.s3 import client_from_settings
+    from trainyard.storage.settings import StorageSettings
+
+    client = client_from_settings(StorageSettings())
+    retries = client._http.connection_pool_kw["retries"]
+    page = _text("docs/operations.md")
+    assert "tried 5 times first" not in page
+    assert f"tried {retries.total + 1} times first: a first try and {retries.total} retries" in page
