@@ -350,3 +350,25 @@ def test_an_s3_endpoint_is_said_to_be_tried_as_often_as_it_is() -> None:
     page = _text("docs/operations.md")
     assert "tried 5 times first" not in page
     assert f"tried {retries.total + 1} times first: a first try and {retries.total} retries" in page
+
+
+def test_a_second_runner_with_the_node_s_id_is_not_said_to_be_refused(tmp_path: Path) -> None:
+    """docs/operations.md ("Scaling each service") said a second runner with one node id on
+    the same host "refuses to start: it cannot take the node's job uid range". With derived
+    job uids (the default) it takes the next free range (``sandbox.claim_job_uids``), as
+    side-by-side local stacks rely on; only a range set in ``JOB_UID_BASE`` is refused."""
+    import pytest
+
+    from trainyard_platform.services.runner.config import Settings
+    from trainyard_platform.services.runner.sandbox import UidsInUse, claim_job_uids
+
+    derived = Settings(node_id="gpu-07", admin_token="t" * 20).job_uid_choices
+    assert len(derived) > 1
+    with claim_job_uids(derived, tmp_path) as first:
+        with claim_job_uids(derived, tmp_path) as second:
+            assert second != first
+        with pytest.raises(UidsInUse), claim_job_uids([first], tmp_path):
+            pass
+    page = _text("docs/operations.md")
+    assert "a second one on the same host refuses to start" not in page
+    assert "Nothing refuses the second" in page
