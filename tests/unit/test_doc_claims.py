@@ -372,3 +372,131 @@ def test_a_second_runner_with_the_node_s_id_is_not_said_to_be_refused(tmp_path: 
     page = _text("docs/operations.md")
     assert "a second one on the same host refuses to start" not in page
     assert "Nothing refuses the second" in page
+
+
+USER_DOCS = ("README.md", "docs/cli.md", "docs/job-spec.md", "docs/models.md")
+USER_DOCS += ("docs/billing.md", "docs/architecture.md")
+"""The documents for the platform's users, held to the code by the mechanical checks below."""
+
+
+def test_every_variable_the_user_documents_name_is_read() -> None:
+    """Each ``TRAINYARD_...`` variable the user documents name is one that something reads: a
+    service's setting (as docs/operations.md's tables hold them), the CLI's, the object
+    store's, or one the runner gives a job (``trainyard.control``); or the name of one of the
+    bus's JetStream streams. A ``TRAINYARD_X_…`` is a prefix, not a name."""
+    import re
+
+    from pydantic_settings import BaseSettings
+
+    from tests.unit.deploy.test_operations_settings import SETTINGS_READ, read_settings
+    from trainyard import control
+    from trainyard.cli_base import CliSettings
+    from trainyard.storage.settings import StorageSettings
+    from trainyard_platform.shared.settings import NatsSettings
+
+    read = {variable for _, variable, _ in SETTINGS_READ}
+    settings: tuple[type[BaseSettings], ...] = (CliSettings, StorageSettings)
+    read |= {variable for s in settings for variable, _ in read_settings(s)}
+    read |= {v for k, v in vars(control).items() if k.startswith("ENV_")}
+    nats = NatsSettings()
+    read |= {nats.stream, nats.deadletter_stream, nats.attempts_stream}
+    named = re.compile(r"\bTRAINYARD_[A-Z0-9_]*[A-Z0-9](?![A-Z0-9_…<*])")
+    unread = [
+        f"{doc}: {variable}"
+        for doc in USER_DOCS
+        for variable in sorted(set(named.findall((ROOT / doc).read_text())))
+        if variable not in read
+    ]
+    assert unread == []
+
+
+def test_the_exit_code_table_is_the_cli_s_codes() -> None:
+    """docs/cli.md's "Exit codes" table lists every code ``trainyard`` exits with
+    (``cli_base.Exit``) and no other."""
+    import re
+
+    from trainyard.cli_base import Exit
+
+    section = (ROOT / "docs" / "cli.md").read_text().split("## Exit codes", 1)[1]
+    table = re.findall(r"^\| (\d+) \|", section.split("\n\n", 2)[1], flags=re.M)
+    assert sorted(int(code) for code in table) == sorted(code.value for code in Exit)
+
+
+def test_who_owns_what_names_every_event_each_service_consumes() -> None:
+    """docs/architecture.md's "Who owns what" table left out the registry's `job.submitted`
+    and `allocation.granted` (where it records a fine-tune's parent, docs/models.md) and
+    billing's `job.preempted` (a fact of waste); each row's "consumes" names exactly the
+    types its service's consumer reads (its ``SUBJECTS``)."""
+    import re
+
+    from trainyard_platform.services.billing.handlers import SUBJECTS as BILLING
+    from trainyard_platform.services.registry.service import SUBJECTS as REGISTRY
+    from trainyard_platform.services.scheduler.service import SUBJECTS as SCHEDULER
+    from trainyard_platform.services.submission.service import SUBJECTS as SUBMISSION
+    from trainyard_platform.shared.events import EVENT_TYPES
+
+    short = {t: t.removeprefix("trainyard.").removesuffix(".v1") for t in EVENT_TYPES}
+    read = {"submission": SUBMISSION, "scheduler": SCHEDULER, "registry": REGISTRY}
+    read["billing"] = BILLING
+    for service, subjects in read.items():
+        [row] = [
+            line
+            for line in (ROOT / "docs" / "architecture.md").read_text().splitlines()
+            if line.startswith(f"| {service} |")
+        ]
+        consumes = row.split(" | ")[2]
+        documented = set(re.findall(r"\b[a-z]+\.[a-z_]+\b", consumes)) & set(short.values())
+        consumed = {short[t] for s in subjects for t in short if s.startswith(t + ".")}
+        assert documented == consumed, service
+
+
+def test_billing_does_not_say_the_runner_leaves_cpus_and_memory_unlimited() -> None:
+    """docs/billing.md ("CPU and memory") said "the runner does not limit them"; the runner
+    gives each attempt a cgroup with a CPU quota and a memory limit from ``cpus_per_gpu`` and
+    ``memory_gib_per_gpu`` (``services/runner/cgroups.py``; docs/job-spec.md, "CPUs and
+    memory"). Billing meters what was declared, not what was used."""
+    cgroups = (ROOT / "services" / "runner" / "cgroups.py").read_text()
+    assert "memory.max" in cgroups and "cpu.max" in cgroups
+    page = _text("docs/billing.md")
+    assert "the runner does not limit them" not in page
+    assert "What billing meters is what the job declared, not what it used" in page
+
+
+def test_the_readme_does_not_say_no_job_is_network_isolated() -> None:
+    """README's "What it does not do (yet)" listed "Network isolation of jobs"; a job on one
+    node runs in a network namespace holding only its loopback by default
+    (``services/runner/netns.py``, ``TRAINYARD_RUNNER_JOB_NETWORK=loopback``, as the README
+    itself and docs/job-spec.md, "Network", say). What is not built is a network per gang
+    across nodes."""
+    from trainyard_platform.services.runner.config import Settings
+
+    assert Settings.model_fields["job_network"].default == "loopback"
+    readme = _text("README.md")
+    assert "**Network isolation of jobs**" not in readme
+    assert "**Network isolation of jobs across nodes**" in readme
+
+
+def test_the_runner_is_not_said_to_have_a_repository_and_migrations() -> None:
+    """docs/architecture.md ("Inside a service") said every service has ``repository.py`` and
+    ``migrations/``; the runner keeps no database and has neither."""
+    runner = ROOT / "services" / "runner"
+    assert not (runner / "repository.py").exists() and not (runner / "migrations").exists()
+    for service in ("submission", "scheduler", "registry", "billing"):
+        assert (ROOT / "services" / service / "repository.py").exists(), service
+        assert (ROOT / "services" / service / "migrations").is_dir(), service
+    page = _text("docs/architecture.md")
+    assert (
+        "the runner, which keeps no database, has no `repository.py` and no `migrations/`" in page
+    )
+
+
+def test_the_readme_s_layout_names_every_page_of_docs() -> None:
+    """README's "Layout" gave ``docs/`` as seven pages of its fourteen (no billing.md,
+    scheduling.md, datasets.md, lineage.md, tracking.md, reproducibility.md or
+    dashboard.md)."""
+    readme = (ROOT / "README.md").read_text()
+    layout = readme.split("## Layout", 1)[1].split("```", 2)[1]
+    folder = layout[layout.index("\ndocs/") : layout.index("\nbench/")]
+    pages = sorted(p.name for p in (ROOT / "docs").glob("*.md"))
+    assert len(pages) >= 14
+    assert [p for p in pages if p not in folder] == []
