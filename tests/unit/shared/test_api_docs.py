@@ -183,3 +183,76 @@ async def test_billing_md_s_422_examples_are_what_billing_answers(tmp_path: Path
         without = (await http.get(query)).json()["errors"]
     assert with_colour == [{"field": "colour", "message": first.group(1)}], json.dumps(with_colour)
     assert [(e["field"], e["message"]) for e in without] == then
+
+
+USER_DOCS = ["README.md", *(f"docs/{n}.md" for n in ("cli", "job-spec", "models", "billing"))]
+USER_DOCS.append("docs/architecture.md")
+"""The documents whose every ``METHOD /path`` must name an operation there is."""
+QUOTED = {"PUT /v1/budgets"}
+"""Services' own words the documents quote: a budget note says to "raise the budget (PUT
+/v1/budgets)" (``shared/worst_case.py``, ``services/scheduler/budget_holds.py``), naming
+the budget routes (``/v1/budgets/{team}[/{project}]``) by their common part."""
+_WRITTEN = re.compile(
+    r"(?<![A-Za-z|])((?:(?:GET|HEAD|POST|PUT|PATCH|DELETE)\|)*(?:GET|HEAD|POST|PUT|PATCH|DELETE))"
+    r" (?:https?://[^/\s`]+)?(/v1/[^\s`]*)"
+)
+
+
+def _variants(path: str) -> list[str]:
+    """A path as written with its ``[optional]`` parts and ``{a,b}`` choices spelt out."""
+    optional = re.search(r"\[([^\[\]]*)\]", path)
+    if optional:
+        left, right = path[: optional.start()], path[optional.end() :]
+        return [*_variants(left + right), *_variants(left + optional.group(1) + right)]
+    choice = re.search(r"\{([^{},]*,[^{}]*)\}", path)
+    if choice:
+        left, right = path[: choice.start()], path[choice.end() :]
+        return [v for c in choice.group(1).split(",") for v in _variants(left + c + right)]
+    return [path]
+
+
+def _placeholder(segment: str) -> bool:
+    """``{id}``, ``<cursor>``, ``TEAM``, ``P``: a segment that stands for any value."""
+    return bool(re.fullmatch(r"\{[^{}]*\}|<[^<>]*>|[A-Z][A-Z_]*|\.\.\.|…", segment))
+
+
+def _names(written: str, route: str) -> bool:
+    """Whether the written path (no query) is the route's, a value in place of a parameter."""
+    ours, theirs = written.split("/"), route.rstrip("/").split("/")
+    return len(ours) == len(theirs) and all(
+        a == b or _placeholder(a) or b.startswith("{") for a, b in zip(ours, theirs, strict=True)
+    )
+
+
+def test_every_operation_the_user_documents_name_is_one(tmp_path: Path) -> None:
+    """The other way round from ``test_every_operation_is_documented``: each ``METHOD /path``
+    of the user documents (``USER_DOCS``) is an operation of a service, with the query
+    parameters it writes (``?granted=true``, ``?team&project``) among the operation's."""
+    documented: dict[tuple[str, str], set[str]] = {}
+    for app in apps(tmp_path).values():
+        for route, item in app.openapi_schema.to_schema()["paths"].items():
+            for method, operation in item.items():
+                query = {p["name"] for p in operation.get("parameters", []) if p["in"] == "query"}
+                documented[(method.upper(), route)] = query
+    wrong = []
+    for doc in USER_DOCS:
+        text = (ROOT / doc).read_text()
+        for written in _WRITTEN.finditer(text):
+            if text[written.end() :].lstrip().startswith("422"):
+                continue  # a request shown with its refusal
+            methods, raw = written.groups()
+            raw = raw if raw.endswith(("...", "…")) else raw.rstrip(".,:;)")
+            for variant in _variants(raw):
+                path, _, query = variant.partition("?")
+                asked = {q.split("=")[0] for q in query.split("&") if q}
+                for method in methods.split("|"):
+                    fits = [
+                        params
+                        for (m, route), params in documented.items()
+                        if m == method and _names(path, route)
+                    ]
+                    if f"{method} {variant}" in QUOTED:
+                        continue
+                    if not fits or not any(asked <= params for params in fits):
+                        wrong.append(f"{doc}: {method} {variant}")
+    assert wrong == []
