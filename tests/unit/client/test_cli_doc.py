@@ -135,3 +135,37 @@ def test_documents_name_only_commands_there_are(doc: str, words: str) -> None:
         takes_arguments = any(not a.option_strings for a in parser._actions)
         assert takes_arguments, f"{doc}: `{' '.join(said)}` takes no {word!r}"
         break
+
+
+def _command_lines() -> list[tuple[str, str]]:
+    """(file, the words after ``trainyard``) of every command line a document shows, in
+    inline code or a fenced block, up to a comment or a `` | `` (another subcommand of a
+    synopsis line)."""
+    found = []
+    for doc in [ROOT / "README.md", ROOT / "deploy" / "README.md", *(ROOT / "docs").glob("*.md")]:
+        text = doc.read_text()
+        fenced = [line.strip() for line in text.splitlines() if not line.startswith("|")]
+        for code in [*re.findall(r"`([^`\n]+)`", text), *fenced]:
+            for rest in re.findall(r"(?:^|\$\(|bin/)trainyard ([a-z].*)", code):
+                line = re.split(r"\s#|\s\|\s|\)|`", rest)[0]
+                found.append((doc.name, line.split("  ")[0]))  # a synopsis line goes on
+    return found
+
+
+@pytest.mark.parametrize(("doc", "line"), _command_lines())
+def test_documents_give_commands_only_options_they_take(doc: str, line: str) -> None:
+    """Each ``--option`` a document writes after a command is one that command takes (or one
+    every command takes): `test_documents_name_only_commands_there_are` checks the words
+    before the options, this the options."""
+    parser = PARSER
+    words = line.split()
+    while words and not words[0].startswith("-") and words[0] in _subcommands(parser):
+        parser = _subcommands(parser)[words.pop(0)]
+    taken = {s for action in parser._actions for s in action.option_strings} | GLOBAL
+    given = {
+        option.split("=")[0].rstrip(".,;:]")
+        for word in words
+        for option in word.strip("[]").split("|")
+        if option.startswith("--")
+    }
+    assert sorted(given - taken) == [], f"{doc}: trainyard {line}"
