@@ -35,6 +35,7 @@ from typing import Annotated, Any
 import asyncpg
 from litestar import Request, Response, post
 from litestar.di import NamedDependency
+from litestar.openapi import ResponseSpec
 from litestar.params import FromPath, HeaderParameter
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -150,7 +151,15 @@ async def _changes(request: Request[Any, Any, Any]) -> ReproduceRequest:
     opt={**needs(Role.MEMBER), **replays_as_read()},
     operation_class=json_request_body(ReproduceRequest, example={}),
     summary="Submit the same job again, linked to it; the registry judges the reproduction",
-    responses=error_responses(404, 409, 413, 415),
+    responses={
+        200: ResponseSpec(
+            JobView,
+            description="the reproduction this Idempotency-Key already submitted, with the "
+            "same request",
+            generate_examples=False,
+        ),
+        **error_responses(404, 409, 413, 415),
+    },
 )
 async def reproduce_job(
     job_id: FromPath[str],

@@ -163,6 +163,16 @@ def test_the_dead_letter_routes_declare_what_they_answer(
         assert statuses <= set(responses), f"{service}: {method.upper()} {path}"
 
 
+@pytest.mark.parametrize("path", ["/v1/jobs", "/v1/jobs/{job_id}/reproduce"])
+def test_a_submission_declares_the_200_of_a_retry(path: str, tmp_path: Path) -> None:
+    """README: ``POST /v1/jobs`` and ``POST /v1/jobs/{id}/reproduce`` with an
+    ``Idempotency-Key`` answer a retry of the same request 200 with the job the key made
+    (``reproduce._replayed``); the reproduction's OpenAPI document declared only its 201, so
+    a client generated from it took the retry's 200 for an undeclared answer."""
+    responses = apps(tmp_path)["submission"].openapi_schema.to_schema()["paths"][path]["post"]
+    assert {"200", "201"} <= set(responses["responses"])
+
+
 async def test_billing_md_s_422_examples_are_what_billing_answers(tmp_path: Path) -> None:
     """docs/billing.md shows the 422 of a `GET /v1/costs` with an unknown parameter, then of
     the same request without it. Its list of known parameters had `group_by` before
