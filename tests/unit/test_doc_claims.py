@@ -500,3 +500,31 @@ def test_the_readme_s_layout_names_every_page_of_docs() -> None:
     pages = sorted(p.name for p in (ROOT / "docs").glob("*.md"))
     assert len(pages) >= 14
     assert [p for p in pages if p not in folder] == []
+
+
+def test_who_owns_what_has_a_producer_for_every_event() -> None:
+    """docs/architecture.md's "Who owns what" table had the registry consume `job.metrics`,
+    which no row produced: the runner publishes it (``services/runner/publishing.py``, as
+    the diagram above the table and "Experiment tracking" say). Every event type is
+    produced by some row, and every type a row consumes is one of them."""
+    import re
+
+    from trainyard_platform.shared.events import EVENT_TYPES
+
+    short = {t.removeprefix("trainyard.").removesuffix(".v1") for t in EVENT_TYPES}
+    rows = [
+        line.split(" | ")
+        for line in (ROOT / "docs" / "architecture.md").read_text().splitlines()
+        if line.startswith(("| submission |", "| scheduler |", "| runner |", "| registry |"))
+        or line.startswith("| billing |")
+    ]
+    assert len(rows) == 5
+
+    def named(cell: str) -> set[str]:
+        return set(re.findall(r"\b[a-z]+\.[a-z_]+\b", cell)) & short
+
+    produced = set().union(*(named(row[3]) for row in rows))
+    consumed = set().union(*(named(row[2]) for row in rows))
+    assert sorted(short - produced) == []
+    assert sorted(consumed - produced) == []
+    assert "job.metrics" in named(next(row for row in rows if row[0] == "| runner")[3])
