@@ -528,3 +528,21 @@ def test_who_owns_what_has_a_producer_for_every_event() -> None:
     assert sorted(short - produced) == []
     assert sorted(consumed - produced) == []
     assert "job.metrics" in named(next(row for row in rows if row[0] == "| runner")[3])
+
+
+def test_every_file_the_user_documents_name_exists() -> None:
+    """Each file a user document names in code with its folder (``services/runner/cgroups.py``,
+    ``tests/integration/registry/test_models.py``) is in the repository: from its root, or,
+    as the documents name a service's migrations and modules after naming the service, from
+    the folder of a service or of ``shared``."""
+    import re
+
+    path = re.compile(r"`([\w.-]+(?:/[\w.-]+)+\.(?:py|sql|json|md|yaml|yml|toml))`")
+    bases = [ROOT, ROOT / "shared", *(ROOT / "services").iterdir()]
+    missing = [
+        f"{doc}: {name}"
+        for doc in USER_DOCS
+        for name in sorted(set(path.findall((ROOT / doc).read_text())))
+        if not any((base / name).exists() for base in bases)
+    ]
+    assert missing == []
