@@ -161,19 +161,34 @@ def over_whole_reason(over: OverWhole, scope: str, amount: str, currency: str) -
     )
 
 
-def over_whole_remedy(over: OverWhole, currency: str) -> str:
+def raise_budget(
+    team: str, project: str | None, at_least: Decimal | None = None, currency: str = ""
+) -> str:
+    """Who raises the budget of ``team`` (its ``project``'s, when one is named) and how: the
+    CLI command and the route it calls, to ``at_least`` ``currency`` when that is known.
+    Every suggestion to raise a budget is worded by this."""
+    target, path = team, f"/v1/budgets/{team}"
+    if project:
+        target, path = f"{team} --project {project}", f"/v1/budgets/{team}/{project}"
+    to = "" if at_least is None else f" to at least {at_least} {currency}"
+    amount = "AMOUNT" if at_least is None else str(at_least)
+    return (
+        f"ask a team admin or an operator to raise the budget{to} "
+        f"(trainyard budget set {target} --amount {amount}, or PATCH {path})"
+    )
+
+
+def over_whole_remedy(over: OverWhole, currency: str, team: str, project: str | None) -> str:
     """What would let the job start: the longest ``max_runtime_seconds`` the budget covers
-    (or fewer GPUs when not a second is covered), or a budget of at least the worst case."""
+    (or fewer GPUs when not a second is covered), or a budget of ``team`` (``project``) of at
+    least the worst case (``raise_budget``)."""
     shorter = (
         f"lower max_runtime_seconds to at most {over.longest} (what the budget covers at these "
         "prices)"
         if over.longest > 0
         else "ask for fewer GPUs"
     )
-    return (
-        f"{shorter}, or ask a team admin or an operator to raise the budget to at least "
-        f"{over.need} {currency} (PUT /v1/budgets)"
-    )
+    return f"{shorter}, or {raise_budget(team, project, over.need, currency)}"
 
 
 __all__ = [
@@ -191,6 +206,7 @@ __all__ = [
     "over_whole_reason",
     "over_whole_remedy",
     "prices",
+    "raise_budget",
     "reservation",
     "reserves",
     "worst",

@@ -91,6 +91,7 @@ from trainyard_platform.shared.worst_case import (
     over_whole,
     over_whole_reason,
     over_whole_remedy,
+    raise_budget,
     worst,
 )
 from trainyard_platform.shared.worst_case import holds_queued as holds_queued
@@ -274,7 +275,7 @@ def budget_note_parts(hold: Row, now: datetime) -> tuple[str, str, str, datetime
         f"until it is raised or the month ends ({until:%Y-%m-%d} 00:00 UTC)"
     )
     blocking = f"{HOLD_BLOCKING_PREFIX}{scope(hold)}"
-    suggestion = "ask a team admin or an operator to raise the budget (PUT /v1/budgets)"
+    suggestion = raise_budget(hold["team"], hold["project"])
     return reason, blocking, suggestion, until
 
 
@@ -497,7 +498,8 @@ def reservation_note_parts(unfit: Unfit, now: datetime) -> tuple[str, str, str, 
             f"held: {over_whole_reason(over, scope(budget), budget['amount'], currency)}: it "
             "cannot start while the budget is this size"
         )
-        return reason, blocking, over_whole_remedy(over, currency), None
+        remedy = over_whole_remedy(over, currency, budget["team"], budget["project"])
+        return reason, blocking, remedy, None
     if unfit.kept:
         # Jobs before it that waited their ageing keep their room: it waits for them to
         # start (and for room beside them), not only for running jobs to end.
@@ -541,7 +543,7 @@ def reservation_note_parts(unfit: Unfit, now: datetime) -> tuple[str, str, str, 
             if longest > 0
             else []
         ),
-        "ask a team admin or an operator to raise the budget (PUT /v1/budgets)",
+        raise_budget(budget["team"], budget["project"]),
     ]
     suggestion = ", or ".join([", ".join(ways[:-1]), ways[-1]]) if len(ways) > 1 else ways[0]
     return reason, blocking, suggestion, until

@@ -329,7 +329,7 @@ def _refuse_over_whole(team: str, job: JobRequest, rows: Sequence[Mapping[str, A
         reason = worst_case.over_whole_reason(over, _scope(team, row), row["amount"], currency)
         message = (
             f"{reason}: the scheduler could never start it; "
-            f"{worst_case.over_whole_remedy(over, currency)}"
+            f"{worst_case.over_whole_remedy(over, currency, team, row['project'])}"
         )
         field = "max_runtime_seconds" if over.longest > 0 else "gpus"
         detail = f"this job's worst case is more than the whole budget of {_scope(team, row)}"

@@ -186,7 +186,7 @@ def test_a_job_whose_worst_case_is_more_than_the_whole_budget_is_told_it_never_s
     assert note.suggestion == (
         "lower max_runtime_seconds to at most 1050 (what the budget covers at these prices), "
         "or ask a team admin or an operator to raise the budget to at least 100.000000 USD "
-        "(PUT /v1/budgets)"
+        "(trainyard budget set team-a --amount 100.000000, or PATCH /v1/budgets/team-a)"
     )
     assert note.blocking == "budget of team team-a"
     assert note.estimated_start is None
@@ -227,7 +227,8 @@ def test_a_job_that_waits_for_what_is_spent_is_not_told_to_wait_for_jobs_that_do
     )
     assert note.suggestion == (
         "lower max_runtime_seconds to at most 2850 (what is left of the budget covers), or "
-        "ask a team admin or an operator to raise the budget (PUT /v1/budgets)"
+        "ask a team admin or an operator to raise the budget "
+        "(trainyard budget set team-a --amount AMOUNT, or PATCH /v1/budgets/team-a)"
     )
     assert note.estimated_start == datetime(2025, 4, 1, tzinfo=UTC)
     # With jobs before it, it is told to wait for them too, and what fits beside them.
@@ -236,7 +237,7 @@ def test_a_job_that_waits_for_what_is_spent_is_not_told_to_wait_for_jobs_that_do
     assert pending_notes(decisions, built)["a1"].suggestion == (
         "wait for the team's running jobs to end, lower max_runtime_seconds to at most 2130 "
         "(what is left of the budget covers), or ask a team admin or an operator to raise "
-        "the budget (PUT /v1/budgets)"
+        "the budget (trainyard budget set team-a --amount AMOUNT, or PATCH /v1/budgets/team-a)"
     )
 
 

@@ -97,7 +97,7 @@ def test_jobs_behind_an_aged_job_are_told_what_they_wait_for() -> None:
     )
     assert notes["s3"].suggestion == (
         "wait for the jobs before it, or ask a team admin or an operator to raise the budget "
-        "(PUT /v1/budgets)"
+        "(trainyard budget set team-a --amount AMOUNT, or PATCH /v1/budgets/team-a)"
     )
     # The large job itself is told what it waits for: the running job's end.
     assert "is reserved by jobs before it" in notes["big"].reason

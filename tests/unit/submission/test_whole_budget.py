@@ -65,7 +65,7 @@ def test_a_job_over_the_whole_budget_is_refused_naming_max_runtime_seconds() -> 
         "whole budget of team ml (3.000000 USD a month): the scheduler could never start it; "
         "lower max_runtime_seconds to at most 4290 (what the budget covers at these prices), or ask "
         "a team admin or an operator to raise the budget to at least 25.000000 USD "
-        "(PUT /v1/budgets)"
+        "(trainyard budget set ml --amount 25.000000, or PATCH /v1/budgets/ml)"
     )
     # The scheduler's note of such a job says the same of it, from the same function.
     note = reservation_note_parts(
