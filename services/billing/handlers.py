@@ -148,9 +148,9 @@ class BillingHandlers:
             case JobFailed() as failed if envelope.source == SCHEDULER:
                 # The scheduler's word on a job that failed for good; a runner's report is
                 # only about one attempt. A job refused on arrival never queued: forgotten
-                # (no wait, no end in the success rate).
+                # (no wait, no end in the success rate), whether its submission came first.
                 if failed.failure_kind == "rejected":
-                    await waste.forget_job(conn, failed.job_id)
+                    await waste.forget_job(conn, failed.job_id, self._clock())
                 else:
                     await waste.record_end(
                         conn, failed.job_id, "failed", failed.finished_at, self._clock()

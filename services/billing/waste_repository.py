@@ -34,11 +34,15 @@ them (the node was gone, or billing's facts of it were): no unallocated time is 
 
 
 async def record_job(conn: asyncpg.Connection, job: JobSubmitted, now: datetime) -> None:
+    """Remember the submitted job (it waits from its submission), unless the scheduler's
+    refusal of it was handled first (``forget_job``)."""
     spec = job.spec
     await conn.execute(
         """INSERT INTO waste_jobs (job_id, team, project, user_name, gpu_flavor, gpus,
                                    priority, submitted_at, recorded_at)
-           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (job_id) DO NOTHING""",
+           SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9
+           WHERE NOT EXISTS (SELECT 1 FROM waste_refused_jobs WHERE job_id = $1)
+           ON CONFLICT (job_id) DO NOTHING""",
         job.job_id,
         spec.team,
         spec.project,
@@ -51,8 +55,15 @@ async def record_job(conn: asyncpg.Connection, job: JobSubmitted, now: datetime)
     )
 
 
-async def forget_job(conn: asyncpg.Connection, job_id: str) -> None:
-    """A job the scheduler refused on arrival: it never waited for GPUs."""
+async def forget_job(conn: asyncpg.Connection, job_id: str, now: datetime) -> None:
+    """A job the scheduler refused on arrival: it never waited for GPUs. Remembered as
+    refused, so that its submission, whichever comes first, does not record it."""
+    await conn.execute(
+        "INSERT INTO waste_refused_jobs (job_id, recorded_at) VALUES ($1, $2) "
+        "ON CONFLICT DO NOTHING",
+        job_id,
+        now,
+    )
     await conn.execute("DELETE FROM waste_jobs WHERE job_id = $1", job_id)
 
 

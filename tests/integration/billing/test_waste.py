@@ -446,6 +446,30 @@ async def test_a_job_refused_on_arrival_never_waits(
     assert sum(s["ended"] for s in body["success"]) == 3  # j, l and h; not r
 
 
+async def test_a_job_refused_before_its_submission_arrives_never_waits(
+    client: httpx.AsyncClient, pool: asyncpg.Pool
+) -> None:
+    """The scheduler's refusal of r2 is handled before its submission (two subjects, two
+    publishers: any order), and each is delivered again: r2 never waits. Before, the
+    refusal found nothing to forget and the submission then kept r2 waiting for ever."""
+    refused = JobFailed(
+        job_id="r2",
+        allocation_id="",
+        node_id="",
+        epoch=0,
+        finished_at=at(9),
+        exit_code=None,
+        reason="refused: no such queue",
+        failure_kind="rejected",
+    )
+    await feed(pool, wrap(refused, SCHEDULER))
+    await feed(pool, submitted("r2", H, at(9)))
+    await feed(pool, wrap(refused, SCHEDULER), submitted("r2", H, at(9)))
+    rows = figures(await waste(client, group_by="job"), "job")
+    assert not [key for key in rows if key[1] == "r2"]
+    assert await pool.fetchval("SELECT count(*) FROM waste_jobs WHERE job_id = 'r2'") == 0
+
+
 async def test_bad_parameters_are_refused_naming_them(client: httpx.AsyncClient) -> None:
     response = await client.get(
         "/v1/waste", params={"colour": "red", "group_by": "team"}, headers=OPERATOR
