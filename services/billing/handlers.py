@@ -107,6 +107,11 @@ class BillingHandlers:
             case AllocationGranted() as grant:
                 if await repo.insert_announced(conn, grant, envelope.id, self._clock()):
                     await self._success_before_grant(conn, grant)
+                    # Heartbeats of its node handled before it counted its GPUs free.
+                    gpus = len(grant.gpu_indices)
+                    await waste.hold(
+                        conn, grant.allocation_id, grant.node_id, gpus, grant.granted_at, None
+                    )
                 await waste.record_grant(conn, grant, self._clock())
             case AllocationReleased() as released:
                 await self.on_released(conn, released, envelope.id)
@@ -319,6 +324,15 @@ class BillingHandlers:
             now,
         )
         await waste_rollups.refresh(conn, [amended.allocation_id])
+        # Billed longer: heartbeats of its node after its first end counted its GPUs free.
+        await waste.hold(
+            conn,
+            amended.allocation_id,
+            amended.node_id,
+            amended.gpus,
+            billed.ended_at,
+            amended.ended_at,
+        )
         log.info(
             "allocation %s of job %s ran until %s after all (%s, not lost): bill amended "
             "from %s to %s %s",

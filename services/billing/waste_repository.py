@@ -182,20 +182,30 @@ and holding no allocation then."""
 
 
 _HELD = """
-SELECT (SELECT coalesce(sum(a.gpus), 0) FROM announced_allocations a
-        WHERE a.node_id = $1 AND NOT a.released AND a.granted_at < $3
-          AND NOT EXISTS (SELECT 1 FROM usage_ledger u WHERE u.allocation_id = a.allocation_id))
-     + (SELECT coalesce(sum(a.gpus), 0) FROM usage_ledger u
-        JOIN announced_allocations a USING (allocation_id)
-        WHERE u.node_id = $1 AND u.ended_at > $2 AND a.node_id = $1 AND a.granted_at < $3)
+SELECT allocation_id, gpus FROM (
+    SELECT a.allocation_id, a.gpus FROM announced_allocations a
+    WHERE a.node_id = $1 AND NOT a.released AND a.granted_at < $3
+      AND NOT EXISTS (SELECT 1 FROM usage_ledger u WHERE u.allocation_id = a.allocation_id)
+    UNION
+    SELECT a.allocation_id, a.gpus FROM usage_ledger u
+    JOIN announced_allocations a USING (allocation_id)
+    WHERE u.node_id = $1 AND u.ended_at > $2 AND a.node_id = $1 AND a.granted_at < $3
+    UNION
+    SELECT a.allocation_id, a.gpus FROM announced_allocations a
+    WHERE a.allocation_id = ANY($4::text[]) AND a.node_id = $1
+) held
 """
-"""The GPUs billing's records (the scheduler's grants and releases) put on the node at any
-time in ``[$2, $3)``: each allocation granted on it before the interval ends and not
+"""The allocations (id, GPUs) holding GPUs of the node at any time in ``[$2, $3)``: those
+billing's records (the scheduler's grants and releases) put on it, and those of its
+allocations ``$4`` (what the heartbeats at either end of the interval say the node runs)
+whatever the records say. Each allocation granted on it before the interval ends and not
 released before it starts holds its GPUs for the whole interval, so a grant or release
-inside it counts nothing free rather than too much. Read at every heartbeat, so from the
-node's open allocations (not billed yet; ``released`` only narrows the search, billing's
-``0016``) and those whose bill ends after the interval starts, never from every
-allocation the node ever had."""
+inside it counts nothing free rather than too much; one the node still runs after its release (a job still stopping: a
+lost node back after a short network cut, a revoke by force, a gang member fenced) holds
+them until the node stops naming it. Each allocation counts once. Read at every
+heartbeat, so from the node's open allocations (not billed yet; ``released`` only narrows
+the search, billing's ``0016``), those whose bill ends after the interval starts and those
+named, never from every allocation the node ever had."""
 
 
 async def record_supply(conn: asyncpg.Connection, supplied: NodeSupplied) -> None:
@@ -225,40 +235,48 @@ async def record_supply(conn: asyncpg.Connection, supplied: NodeSupplied) -> Non
 async def record_heartbeat(conn: asyncpg.Connection, beat: RunnerHeartbeat) -> bool:
     """Remember the node's heartbeat; when the previous one is at most ``HEARTBEAT_GAP``
     earlier, some of its GPUs were held by none of the allocations billing's records put on
-    it between the two (``_HELD``) and a job of its flavor was waiting, record the interval
-    between them as unallocated (True).
+    it between the two, nor by one of its allocations either heartbeat names (``_HELD``),
+    and a job of its flavor was waiting, record the interval between them as unallocated
+    (True).
 
     The node's GPUs and flavor are what the scheduler places on (``record_supply``: its
     claim capped by the node inventory), never more GPUs than the heartbeat says, and which
     of them are held is the platform's word (its grants and releases), never the node's: a
     node's own word, on its GPUs or on what it runs, would let it inflate the platform's
-    unallocated GPUs. The node's word may only count less: a heartbeat naming an allocation
-    billing has not seen granted counts nothing (how many GPUs it holds is not known yet).
+    unallocated GPUs. The node's word may only count less: an allocation of the node it
+    names holds its GPUs even after its release (its job is still stopping: it is neither
+    billed then nor free), and an interval whose heartbeats name an allocation billing has
+    not seen granted counts nothing (how many GPUs it holds is not known yet).
     Before billing has heard the scheduler's word on the node, or for a node with no
     flavor, nothing is counted."""
     previous = await conn.fetchrow(
-        "SELECT gpu_flavor, gpu_count, sent_at FROM waste_nodes WHERE node_id = $1 FOR UPDATE",
+        "SELECT gpu_flavor, gpu_count, sent_at, running_allocations FROM waste_nodes "
+        "WHERE node_id = $1 FOR UPDATE",
         beat.node_id,
     )
     await conn.execute(
-        """INSERT INTO waste_nodes (node_id, gpu_flavor, gpu_count, sent_at)
-           VALUES ($1, $2, $3, $4)
+        """INSERT INTO waste_nodes (node_id, gpu_flavor, gpu_count, sent_at, running_allocations)
+           VALUES ($1, $2, $3, $4, $5)
            ON CONFLICT (node_id) DO UPDATE
                SET gpu_flavor = EXCLUDED.gpu_flavor, gpu_count = EXCLUDED.gpu_count,
-                   sent_at = EXCLUDED.sent_at
+                   sent_at = EXCLUDED.sent_at,
+                   running_allocations = EXCLUDED.running_allocations
                WHERE EXCLUDED.sent_at > waste_nodes.sent_at""",
         beat.node_id,
         beat.gpu_flavor,
         beat.gpu_count,
         beat.sent_at,
+        beat.running_allocations,
     )
     if previous is None or not timedelta(0) < beat.sent_at - previous["sent_at"] <= HEARTBEAT_GAP:
         return False
+    # What the node ran at either end of the interval holds its GPUs throughout it.
+    running = sorted({*previous["running_allocations"], *beat.running_allocations})
     named = await conn.fetchval(
         "SELECT count(*) FROM announced_allocations WHERE allocation_id = ANY($1::text[])",
-        beat.running_allocations,
+        running,
     )
-    if named < len(set(beat.running_allocations)):
+    if named < len(running):
         return False  # an allocation billing has not seen granted yet: how many GPUs is unknown
     supply = await conn.fetchrow(
         "SELECT gpu_flavor, gpu_count FROM waste_node_supply WHERE node_id = $1", beat.node_id
@@ -267,19 +285,58 @@ async def record_heartbeat(conn: asyncpg.Connection, beat: RunnerHeartbeat) -> b
         return False  # the scheduler has not said what it places on the node, or it places nothing
     flavor = supply["gpu_flavor"]
     gpus = min(beat.gpu_count, supply["gpu_count"])
-    free = gpus - await conn.fetchval(_HELD, beat.node_id, previous["sent_at"], beat.sent_at)
+    held = await conn.fetch(_HELD, beat.node_id, previous["sent_at"], beat.sent_at, running)
+    free = gpus - sum(h["gpus"] for h in held)
     if free <= 0 or not await conn.fetchval(_WAITING, flavor, beat.sent_at):
         return False
     await conn.execute(
-        """INSERT INTO waste_unallocated (node_id, gpu_flavor, free_gpus, started_at, ended_at)
-           VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING""",
+        """INSERT INTO waste_unallocated (node_id, gpu_flavor, free_gpus, started_at, ended_at,
+                                          held)
+           VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING""",
         beat.node_id,
         flavor,
         free,
         previous["sent_at"],
         beat.sent_at,
+        sorted(h["allocation_id"] for h in held),
     )
     return True
+
+
+async def hold(
+    conn: asyncpg.Connection,
+    allocation_id: str,
+    node_id: str,
+    gpus: int,
+    start: datetime,
+    end: datetime | None,
+) -> None:
+    """The allocation held ``gpus`` of ``node_id`` over ``[start, end)`` (``end`` None: from
+    ``start`` on), as billing learns only now: a grant handled after heartbeats of its node
+    (another subject: any order), a bill amended to a later end. Each unallocated interval
+    of the node that overlaps it and did not count it held (``held``) counts it now, as
+    ``record_heartbeat`` would have: its free GPUs less these, the interval gone when none
+    is left. So GPUs billed to a job are never counted free at the same time, whichever
+    fact came first. Intervals recorded before billing kept ``held`` (NULL) stay as they
+    were."""
+    if gpus <= 0:
+        return
+    # An interval is at most HEARTBEAT_GAP long: one that ends after ``start`` starts after
+    # ``start - HEARTBEAT_GAP``, which finds the node's few by its key.
+    overlapping = (
+        "node_id = $1 AND started_at > $4 AND ended_at > $5 "
+        "AND ($6::timestamptz IS NULL OR started_at < $6) "
+        "AND held IS NOT NULL AND NOT ($2 = ANY(held))"
+    )
+    args = (node_id, allocation_id, gpus, start - HEARTBEAT_GAP, start, end)
+    await conn.execute(
+        f"DELETE FROM waste_unallocated WHERE {overlapping} AND free_gpus <= $3", *args
+    )
+    await conn.execute(
+        "UPDATE waste_unallocated SET free_gpus = free_gpus - $3, "
+        f"held = array_append(held, $2) WHERE {overlapping}",
+        *args,
+    )
 
 
 # --- reading --------------------------------------------------------------------------------

@@ -138,6 +138,89 @@ async def test_a_node_leaving_its_allocations_out_of_its_heartbeat_counts_them_h
     assert await free_gpus(pool, "n-13") == [8]
 
 
+async def test_a_job_still_stopping_after_its_release_holds_its_gpus_until_it_exits(
+    client: httpx.AsyncClient, pool: asyncpg.Pool
+) -> None:
+    """s-17 (4 of n-17's 8 GPUs) is released lost at its node's last heartbeat before a
+    short network cut; s-18 (4 of n-18's 8) is revoked by force (preempted). Both nodes
+    then say they still run them while the jobs stop, and then no more: until the heartbeat
+    after the last that names it, each holds its 4 GPUs (4 free, not 8), though neither is
+    billed past its release. Before, a released allocation's GPUs were counted free at
+    once: a job still stopping had its GPUs counted unallocated until it exited."""
+    job = spec("ml", "bob", "cpu", 4, "normal")
+    await feed(
+        pool,
+        submitted("w17", H, at(105)),
+        submitted("s", job, at(105)),
+        supplied("n-17", at(105)),
+        supplied("n-18", at(105)),
+        granted("s-17", "s", job, "n-17", at(105), "ml-q"),
+        granted("s-18", "s", job, "n-18", at(105), "ml-q"),
+    )
+    for node, allocation in (("n-17", "s-17"), ("n-18", "s-18")):
+        await feed(pool, beat(node, at(105.5), [allocation]))
+    await feed(
+        pool,
+        released("s-17", "s", job, "n-17", at(105), at(105.5), "lost"),
+        released("s-18", "s", job, "n-18", at(105), at(105.5 + 1 / 60), "preempted"),
+    )
+    for node, allocation in (("n-17", "s-17"), ("n-18", "s-18")):
+        for minutes, running in ((1, [allocation]), (1.5, [allocation]), (2, []), (2.5, [])):
+            await feed(pool, beat(node, at(105.5 + minutes / 60), running))
+    for node in ("n-17", "n-18"):
+        assert sorted(await free_gpus(pool, node)) == [4, 4, 4, 8], node
+    bills = await pool.fetch(
+        "SELECT ended_at FROM usage_ledger WHERE allocation_id IN ('s-17', 's-18') "
+        "ORDER BY allocation_id"
+    )
+    assert [b["ended_at"] for b in bills] == [at(105.5), at(105.5 + 1 / 60)]
+
+
+async def test_gpus_billed_to_a_job_are_never_counted_free_whatever_came_first(
+    client: httpx.AsyncClient, pool: asyncpg.Pool
+) -> None:
+    """g-19's grant (4 of n-19's 8 GPUs, from 107:00) is handled after two heartbeats of its
+    node that do not name it yet: the interval between them counted 8 free, then 4 once
+    the grant came. a-20 (4 of n-20's 8), released lost at 107:00, is billed again up to
+    107:01:30 when its runner's late success amends it; the intervals its node's
+    heartbeats counted meanwhile (naming nothing) count it held from then on, and one
+    after its new end does not. Redelivered, nothing changes. Before, GPUs billed to a
+    job stayed counted free (unallocated) at the same time."""
+    job = spec("ml", "bob", "cpu", 4, "normal")
+    await feed(
+        pool,
+        submitted("w19", H, at(106.5)),
+        submitted("g", job, at(106.5)),
+        supplied("n-19", at(106.5)),
+        supplied("n-20", at(106.5)),
+        granted("a-20", "g", job, "n-20", at(106.5), "ml-q"),
+        released("a-20", "g", job, "n-20", at(106.5), at(107), "lost"),
+    )
+    for node in ("n-19", "n-20"):
+        for minutes in (0, 1, 2, 3):
+            await feed(pool, beat(node, at(107 + minutes / 60), []))
+    assert await free_gpus(pool, "n-19") == [8, 8, 8]
+    assert await free_gpus(pool, "n-20") == [8, 8, 8]
+    late = (
+        granted("g-19", "g", job, "n-19", at(107), "ml-q", attempt=2),
+        released("a-20", "g", job, "n-20", at(106.5), at(107 + 1.5 / 60), "succeeded"),
+    )
+    await feed(pool, *late)
+    await feed(pool, *late)
+    assert await free_gpus(pool, "n-19") == [4, 4, 4]
+    rows = await pool.fetch(
+        "SELECT started_at, free_gpus FROM waste_unallocated WHERE node_id = 'n-20' "
+        "ORDER BY started_at"
+    )
+    assert [(r["started_at"], r["free_gpus"]) for r in rows] == [
+        (at(107), 4),
+        (at(107 + 1 / 60), 4),
+        (at(107 + 2 / 60), 8),
+    ]
+    bill = await pool.fetchval("SELECT ended_at FROM usage_ledger WHERE allocation_id = 'a-20'")
+    assert bill == at(107 + 1.5 / 60)
+
+
 async def test_a_node_s_held_gpus_are_read_without_walking_its_history(
     pool: asyncpg.Pool,
 ) -> None:
@@ -177,10 +260,11 @@ async def test_a_node_s_held_gpus_are_read_without_walking_its_history(
         await repo.insert_usage(conn, released_b, "e", now)
         await conn.execute("ANALYZE announced_allocations; ANALYZE usage_ledger")
         interval = (now - timedelta(seconds=2), now)
-        assert await conn.fetchval(_HELD, "n-16", *interval) == 3
+        held = await conn.fetch(_HELD, "n-16", *interval, ["o-16a"])
+        assert sorted((h["allocation_id"], h["gpus"]) for h in held) == [("o-16a", 2), ("o-16b", 1)]
         (plan,) = json.loads(
             await conn.fetchval(
-                f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {_HELD}", "n-16", *interval
+                f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {_HELD}", "n-16", *interval, ["o-16a"]
             )
         )
     pages = plan["Plan"]["Shared Hit Blocks"] + plan["Plan"]["Shared Read Blocks"]
