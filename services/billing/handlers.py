@@ -112,6 +112,8 @@ class BillingHandlers:
                     await waste.hold(
                         conn, grant.allocation_id, grant.node_id, gpus, grant.granted_at, None
                     )
+                    # ... and may have found its job waiting.
+                    await waste.recheck_waiting(conn, grant.spec.gpu_flavor, grant.granted_at)
                 await waste.record_grant(conn, grant, self._clock())
             case AllocationReleased() as released:
                 await self.on_released(conn, released, envelope.id)

@@ -64,7 +64,11 @@ async def forget_job(conn: asyncpg.Connection, job_id: str, now: datetime) -> No
         job_id,
         now,
     )
-    await conn.execute("DELETE FROM waste_jobs WHERE job_id = $1", job_id)
+    job = await conn.fetchrow(
+        "DELETE FROM waste_jobs WHERE job_id = $1 RETURNING gpu_flavor, submitted_at", job_id
+    )
+    if job is not None:  # heartbeats handled meanwhile may have found it waiting
+        await recheck_waiting(conn, job["gpu_flavor"], job["submitted_at"])
 
 
 async def record_grant(conn: asyncpg.Connection, grant: AllocationGranted, now: datetime) -> None:
@@ -164,6 +168,9 @@ async def record_end(
         ended_at,
         now,
     )
+    flavor = await conn.fetchval("SELECT gpu_flavor FROM waste_jobs WHERE job_id = $1", job_id)
+    if flavor is not None:  # heartbeats handled meanwhile may have found it waiting
+        await recheck_waiting(conn, flavor, ended_at)
 
 
 _WAITING = """
@@ -337,6 +344,27 @@ async def hold(
         f"held = array_append(held, $2) WHERE {overlapping}",
         *args,
     )
+
+
+async def recheck_waiting(conn: asyncpg.Connection, flavor: str, since: datetime) -> None:
+    """Judge again whether a job of ``flavor`` was waiting at each heartbeat from ``since``
+    on that found one (``_WAITING``), now that billing knows more: a grant, a job's end or
+    a refusal handled after those heartbeats (another subject: any order). An unallocated
+    interval whose heartbeat no job was waiting at is gone. (The other way, a job billing
+    learns of later, no interval is made: what a heartbeat did not record is not known.)"""
+    rows = await conn.fetch(
+        "SELECT node_id, started_at, ended_at FROM waste_unallocated "
+        "WHERE ended_at >= $2 AND gpu_flavor = $1",
+        flavor,
+        since,
+    )
+    for row in rows:
+        if not await conn.fetchval(_WAITING, flavor, row["ended_at"]):
+            await conn.execute(
+                "DELETE FROM waste_unallocated WHERE node_id = $1 AND started_at = $2",
+                row["node_id"],
+                row["started_at"],
+            )
 
 
 # --- reading --------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from tests.integration.billing.test_waste import (
     at,
     beat,
     client,
+    failed,
     granted,
     released,
     spec,
@@ -32,6 +33,7 @@ from tests.integration.billing.test_waste import (
 from trainyard_platform.services.billing import repository as repo
 from trainyard_platform.services.billing.domain import Usage
 from trainyard_platform.services.billing.waste_repository import _HELD
+from trainyard_platform.shared.events.trust import SCHEDULER
 
 pytestmark = pytest.mark.integration
 
@@ -219,6 +221,31 @@ async def test_gpus_billed_to_a_job_are_never_counted_free_whatever_came_first(
     ]
     bill = await pool.fetchval("SELECT ended_at FROM usage_ledger WHERE allocation_id = 'a-20'")
     assert bill == at(107 + 1.5 / 60)
+
+
+async def test_an_interval_is_gone_once_billing_learns_no_job_was_waiting_then(
+    client: httpx.AsyncClient, pool: asyncpg.Pool
+) -> None:
+    """n-21's 8 GPUs sit free from 108:01 to 108:03 while q, c and r3 (all of its flavor)
+    seem to wait: what says otherwise comes after the heartbeats (other subjects). q's grant
+    on n-22 at 108:00 and c's end at 108:00 leave r3 waiting; the scheduler's refusal of r3
+    leaves none, and the intervals are gone. Before, they stayed counted, judged from what
+    billing had consumed when each heartbeat came."""
+    await feed(
+        pool,
+        submitted("q", H, at(108)),
+        submitted("c", H, at(108)),
+        submitted("r3", H, at(108)),
+        supplied("n-21", at(108)),
+    )
+    for minutes in (1, 2, 3):
+        await feed(pool, beat("n-21", at(108 + minutes / 60), []))
+    assert await free_gpus(pool, "n-21") == [8, 8]
+    await feed(pool, granted("q-1", "q", H, "n-22", at(108), "ml-q"))
+    await feed(pool, failed("c-1", "c", "n-22", at(108), SCHEDULER))
+    assert await free_gpus(pool, "n-21") == [8, 8]  # r3 still waited
+    await feed(pool, failed("", "r3", "", at(108 + 0.5 / 60), SCHEDULER, "rejected"))
+    assert await free_gpus(pool, "n-21") == []
 
 
 async def test_a_node_s_held_gpus_are_read_without_walking_its_history(
