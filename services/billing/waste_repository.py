@@ -173,19 +173,20 @@ async def record_end(
         await recheck_waiting(conn, flavor, ended_at)
 
 
-_WAITING = """
-SELECT EXISTS (
+_WAITING_AT = """EXISTS (
     SELECT 1 FROM waste_jobs j
-    WHERE j.gpu_flavor = $1 AND j.submitted_at <= $2
+    WHERE j.gpu_flavor = {flavor} AND j.submitted_at <= {at}
       AND NOT EXISTS (SELECT 1 FROM waste_job_ends e
-                      WHERE e.job_id = j.job_id AND e.ended_at <= $2)
+                      WHERE e.job_id = j.job_id AND e.ended_at <= {at})
       AND NOT EXISTS (SELECT 1 FROM announced_allocations a
                       LEFT JOIN usage_ledger u USING (allocation_id)
-                      WHERE a.job_id = j.job_id AND a.granted_at <= $2
-                        AND (u.ended_at IS NULL OR u.ended_at > $2)))
-"""
-"""Whether a job of the flavor was waiting for GPUs at the instant: submitted, not ended,
-and holding no allocation then."""
+                      WHERE a.job_id = j.job_id AND a.granted_at <= {at}
+                        AND (u.ended_at IS NULL OR u.ended_at > {at})))"""
+"""Whether a job of the flavor ``{flavor}`` was waiting for GPUs at the instant ``{at}``
+(SQL expressions): submitted, not ended, and holding no allocation then."""
+
+_WAITING = f"SELECT {_WAITING_AT.format(flavor='$1', at='$2')}"
+"""``_WAITING_AT`` of flavor ``$1`` at ``$2``."""
 
 
 _HELD = """
@@ -348,23 +349,16 @@ async def hold(
 
 async def recheck_waiting(conn: asyncpg.Connection, flavor: str, since: datetime) -> None:
     """Judge again whether a job of ``flavor`` was waiting at each heartbeat from ``since``
-    on that found one (``_WAITING``), now that billing knows more: a grant, a job's end or
+    on that found one (``_WAITING_AT``), now that billing knows more: a grant, a job's end or
     a refusal handled after those heartbeats (another subject: any order). An unallocated
     interval whose heartbeat no job was waiting at is gone. (The other way, a job billing
     learns of later, no interval is made: what a heartbeat did not record is not known.)"""
-    rows = await conn.fetch(
-        "SELECT node_id, started_at, ended_at FROM waste_unallocated "
-        "WHERE ended_at >= $2 AND gpu_flavor = $1",
+    await conn.execute(
+        "DELETE FROM waste_unallocated w WHERE w.ended_at >= $2 AND w.gpu_flavor = $1 "
+        f"AND NOT {_WAITING_AT.format(flavor='$1', at='w.ended_at')}",
         flavor,
         since,
     )
-    for row in rows:
-        if not await conn.fetchval(_WAITING, flavor, row["ended_at"]):
-            await conn.execute(
-                "DELETE FROM waste_unallocated WHERE node_id = $1 AND started_at = $2",
-                row["node_id"],
-                row["started_at"],
-            )
 
 
 # --- reading --------------------------------------------------------------------------------
