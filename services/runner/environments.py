@@ -94,9 +94,11 @@ mutual exclusion).
 **Nothing of the packages runs while building.** Requirements are a tenant's choice and
 the build runs as the runner: only wheels are installed (``uv --no-build``, ``pip
 --only-binary=:all:``: a source distribution's ``setup.py`` is code, so a requirement
-available only as source fails to build, saying so); bytecode is compiled by the venv's
-interpreter started with ``-I -S`` (``site`` would run the ``.pth`` files of the installed
-wheels); the package list is read from their metadata in the runner's own process
+available only as source fails to build, saying so); bytecode is compiled by the
+interpreter the venv was made from, started with ``-I -S`` (``site`` would run the ``.pth``
+files of the installed wheels), never by the venv's ``bin/python``, which pip lets a
+wheel's ``.data`` replace (a build where one did is refused, as the requirements' fault);
+the package list is read from their metadata in the runner's own process
 (:func:`installed_packages`). The installers get an environment of their own settings
 (``UV_*``, ``PIP_*``, proxies, certificates, ``PATH``, ``HOME``: ``installer_environment``),
 never the runner's credentials. The job runs the ``.pth`` files, as its own user.
@@ -621,8 +623,15 @@ class EnvironmentCache:
             pins = self._pins(base)
             wanted = _beyond_the_base(requirements, pins)
             if wanted:
+                interpreter = _identity(target / "bin" / "python")
                 self._install(target, purelib, wanted, pins)
-                self._compile(target, purelib)
+                if _identity(target / "bin" / "python") != interpreter:
+                    # pip writes a wheel's ``.data/data/bin/python`` over it; uv refuses.
+                    raise RequirementsError(
+                        "a package of the requirements installs a bin/python of its own over "
+                        "the environment's interpreter: refused"
+                    )
+                self._compile(purelib)
             _make_readable(target)
             packages = installed_packages([str(purelib), *base.site])
             size = self._record_size(target)
@@ -719,12 +728,14 @@ class EnvironmentCache:
                 "the base layer provides it"
             )
 
-    def _compile(self, target: Path, purelib: Path) -> None:
-        """Bytecode for the installed packages (job users cannot write it), by the venv's
-        own interpreter without ``site`` (``-S``: no ``.pth`` of a package runs)."""
-        python = str(target / "bin" / "python")
+    def _compile(self, purelib: Path) -> None:
+        """Bytecode for the installed packages (job users cannot write it), by the
+        interpreter the venv was made from (the same version, so the same bytecode), never
+        by a program of the venv, which the installed wheels may have written: pip lets a
+        wheel's ``.data`` put its own ``bin/python`` there (``_build`` refuses that too).
+        Without ``site`` (``-S``: no ``.pth`` of a package runs)."""
         # The files compiled are the job's packages' (one that is no valid Python fails it).
-        argv = [python, "-I", "-S", "-m", "compileall", "-q", str(purelib)]
+        argv = [self.interpreter, "-I", "-S", "-m", "compileall", "-q", str(purelib)]
         self._run(argv, "compiling", failed_as=InstallError)
 
     def _run(
@@ -1072,6 +1083,18 @@ def _base_pth(site_dirs: Sequence[str]) -> str:
     ``.pth`` files); ``import`` lines are executed by ``site``."""
     calls = "".join(f"; site.addsitedir({d!r})" for d in site_dirs)
     return f"import site{calls}\n"  # one line: site executes a line that starts with import
+
+
+def _identity(path: Path) -> tuple[int, int, int, str | None] | None:
+    """What ``path`` is, without following it: its device, inode, mode and, for a link,
+    where it points; None when it is missing. Another file written in its place is another
+    identity."""
+    try:
+        info = os.lstat(path)
+        target = os.readlink(path) if stat.S_ISLNK(info.st_mode) else None
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino, info.st_mode, target
 
 
 def _make_readable(root: Path) -> None:

@@ -383,10 +383,45 @@ def test_dependants_of_torch_resolve_against_the_bases_torch(
     assert f"the platform provides torch {version('torch')}" in message
 
 
-def _wheel(folder: Path, name: str, pth: str, requires: tuple[str, ...] = ()) -> Path:
+@pytest.mark.parametrize("installer", ["uv", "pip"])
+def test_a_wheel_cannot_put_its_own_interpreter_where_the_runner_runs_it(
+    tmp_path: Path, installer: Literal["uv", "pip"]
+) -> None:
+    """pip installs a wheel's ``<name>.data/data/bin/python`` over the environment's
+    interpreter, and the build then compiled the packages' bytecode with that
+    ``bin/python``, as the runner: any wheel of the index (or any https wheel URL) ran its
+    program as root on the node. Nothing of the venv runs in the build after the install,
+    and an environment whose interpreter a package replaced is refused as the job's own
+    requirements' fault (uv refuses the wheel itself)."""
+    links = tmp_path / "links"
+    links.mkdir()
+    marker = tmp_path / "ran-as-the-runner"
+    fake = f"#!/bin/sh\ntouch {marker}\nexec {BASE} \"$@\"\n"
+    _wheel(links, "own_python", "", data={"own_python-1.0.data/data/bin/python": fake})
+    offline = {"UV_FIND_LINKS": str(links), "UV_NO_INDEX": "1"} | {
+        "PIP_FIND_LINKS": str(links), "PIP_NO_INDEX": "1"
+    }  # fmt: skip
+    cache = EnvironmentCache(tmp_path / "envs", BASE, installer, installer_env=offline)
+    with pytest.raises(InstallError) as caught:
+        cache.resolve(["own-python"])
+    assert not marker.exists(), "a wheel's program ran as the runner"
+    if installer == "pip":
+        assert isinstance(caught.value, RequirementsError)
+        assert "installs a bin/python of its own" in str(caught.value)
+    assert list((tmp_path / "envs" / STORE).iterdir()) == []
+
+
+def _wheel(
+    folder: Path,
+    name: str,
+    pth: str,
+    requires: tuple[str, ...] = (),
+    data: dict[str, str] | None = None,
+) -> Path:
     """A wheel of one module and a ``.pth`` file (none when ``pth`` is empty): site runs a
     ``.pth`` line that starts with ``import`` in every interpreter that starts in the
-    environment. ``requires``: its ``Requires-Dist``."""
+    environment. ``requires``: its ``Requires-Dist``; ``data``: more files by their path
+    in the wheel (executable ones under ``bin/``)."""
     import base64
     import hashlib
     import zipfile
@@ -401,6 +436,7 @@ def _wheel(folder: Path, name: str, pth: str, requires: tuple[str, ...] = ()) ->
         f"{name}-1.0.dist-info/WHEEL": (
             "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
         ),
+        **(data or {}),
     }
     record = []
     for path, text in files.items():
@@ -411,7 +447,9 @@ def _wheel(folder: Path, name: str, pth: str, requires: tuple[str, ...] = ()) ->
     wheel = folder / f"{name}-1.0-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w") as archive:
         for path, text in files.items():
-            archive.writestr(path, text)
+            info = zipfile.ZipInfo(path)
+            info.external_attr = (0o100755 if "/bin/" in path else 0o100644) << 16
+            archive.writestr(info, text)
     return wheel
 
 
