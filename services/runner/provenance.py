@@ -40,6 +40,7 @@ from pathlib import Path
 
 from trainyard_platform.services.runner.gpus import GpuInventory
 from trainyard_platform.services.runner.sandbox import AsJob
+from trainyard_platform.shared.bundle_archive import MAX_BUNDLE_MEMBERS, MAX_UNPACKED_BYTES
 from trainyard_platform.shared.events.payloads import Environment
 
 log = logging.getLogger(__name__)
@@ -84,12 +85,26 @@ def git_version(code_dir: Path) -> str | None:
     return f"git:{commit}{'+dirty' if dirty else ''}"
 
 
+MAX_UNTRACKED_BYTES = MAX_UNPACKED_BYTES
+"""The most bytes of untracked files ``diff_digest`` reads (apparent sizes, all together):
+as much as a code bundle may hold unpacked."""
+MAX_UNTRACKED_FILES = MAX_BUNDLE_MEMBERS
+"""The most untracked files ``diff_digest`` opens: as many as a code bundle may hold."""
+
+
 def diff_digest(code_dir: Path, as_job: AsJob | None = None) -> str | None:
     """sha256 of a dirty work tree's uncommitted changes: ``git diff HEAD --binary`` (staged
     and unstaged) and every untracked, not ignored file (its path and the sha256 of its
     content), in path order. None when ``code_dir`` is not a git work tree, is clean, or git
     cannot say (the ``+dirty`` of ``git_version`` still tells). ``as_job``: git runs with
-    the job's privileges (``code_dir`` is the job's: its ``.git/config`` may name programs)."""
+    the job's privileges (``code_dir`` is the job's: its ``.git/config`` may name programs).
+
+    None too, unread, when the untracked files are more than ``MAX_UNTRACKED_FILES`` or
+    their apparent sizes pass ``MAX_UNTRACKED_BYTES`` together: the runner reads them with
+    its own privileges and in its own thread, and what lies there is the tenant's (what
+    the probe of its environment, or a ``git`` of its own, left): a sparse file of a
+    petabyte, one ``truncate`` away, would keep that thread hashing zeros for days and
+    the job's start waiting on it."""
     if _git(code_dir, "rev-parse", "--is-inside-work-tree", as_job=as_job) != "true":
         return None
     has_head = _git(code_dir, "rev-parse", "--verify", "--quiet", "HEAD", as_job=as_job) is not None
@@ -101,23 +116,43 @@ def diff_digest(code_dir: Path, as_job: AsJob | None = None) -> str | None:
         return None
     if not diff and not untracked:
         return None
+    names = sorted(n for n in untracked.split(b"\0") if n)
+    if len(names) > MAX_UNTRACKED_FILES:
+        log.info("untracked files of %s not pinned: more than %d", code_dir, MAX_UNTRACKED_FILES)
+        return None
     digest = hashlib.sha256(diff)
-    for name in sorted(n for n in untracked.split(b"\0") if n):
+    left = MAX_UNTRACKED_BYTES
+    for name in names:
         path = code_dir / name.decode("utf-8", "surrogateescape")
         digest.update(b"\0untracked\0" + name + b"\0")
-        content = _confined_digest(code_dir, path)
+        try:
+            content = _confined_digest(code_dir, path, left)
+        except _TooLarge:
+            log.info(
+                "untracked files of %s not pinned: more than %d bytes",
+                code_dir,
+                MAX_UNTRACKED_BYTES,
+            )
+            return None
         if content is not None:
-            digest.update(content.encode())
+            sha256, size = content
+            digest.update(sha256.encode())
+            left -= size
     return digest.hexdigest()
 
 
-def _confined_digest(root: Path, path: Path) -> str | None:
-    """sha256 of ``path`` when it is a regular file of its own (no hard link) that really
-    lies inside ``root``; None for anything else. The names come from git run as the job
+class _TooLarge(Exception):
+    """The untracked files pass ``MAX_UNTRACKED_BYTES`` together."""
+
+
+def _confined_digest(root: Path, path: Path, max_bytes: int) -> tuple[str, int] | None:
+    """sha256 and size of ``path`` when it is a regular file of its own (no hard link) that
+    really lies inside ``root``; None for anything else. The names come from git run as the job
     (maybe a ``git`` of the job's own environment), and the runner reads with its own
     privileges: a name out of ``root`` (``..``, absolute, through a link) or a hard link to
     a file the job cannot read would pin, and publish the sha256 of, a file of another
-    team or of the host."""
+    team or of the host. ``_TooLarge``, unread, when its apparent size is over
+    ``max_bytes``; no more than that size is read, whatever happens to the file meanwhile."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
@@ -132,10 +167,14 @@ def _confined_digest(root: Path, path: Path) -> str | None:
             or info.st_nlink != 1
         ):
             return None
+        if info.st_size > max_bytes:
+            raise _TooLarge
         digest = hashlib.sha256()
-        while chunk := os.read(fd, 1024 * 1024):
+        left = info.st_size
+        while left > 0 and (chunk := os.read(fd, min(1024 * 1024, left))):
             digest.update(chunk)
-        return digest.hexdigest()
+            left -= len(chunk)
+        return digest.hexdigest(), info.st_size
     except OSError:
         return None
     finally:

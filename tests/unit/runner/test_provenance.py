@@ -22,6 +22,7 @@ from trainyard_platform.services.runner.provenance import (
     packages_digest,
 )
 from trainyard_platform.services.runner.sandbox import AsJob, JobUser
+from trainyard_platform.shared.bundle_archive import MAX_BUNDLE_MEMBERS, MAX_UNPACKED_BYTES
 
 AS_RUNNER = AsJob(JobUser(None, None), {"PATH": os.environ["PATH"]})
 """Tests run as themselves, with a clean environment like a job's."""
@@ -255,3 +256,49 @@ def test_untracked_files_are_read_only_inside_the_code(tmp_path: Path, code: Pat
     assert before is not None
     secret.write_text("second secret\n")  # the same inode: the hard link sees it too
     assert diff_digest(code, as_job) == before
+
+
+def test_untracked_files_past_what_a_bundle_holds_are_not_read(code: Path) -> None:
+    """What lies untracked in the job's code is the tenant's (the probe of its environment
+    runs its ``.pth`` files there first, and a ``git`` of its own may answer): a sparse file
+    of any apparent size is one ``truncate`` away. The runner reads them with its own
+    privileges in one of its threads: before, it hashed every byte, so a petabyte of holes
+    held that thread, and the job's start, for days. Past what a bundle may hold the
+    changes are not pinned (the ``+dirty`` still says the tree is dirty), and nothing is
+    read."""
+    git(code, "init", "-q")
+    git(code, "add", ".")
+    git(code, "commit", "-q", "-m", "first")
+    (code / "notes.txt").write_text("an untracked file\n")
+    assert diff_digest(code) is not None
+    with (code / "holes.bin").open("wb") as holes:
+        holes.truncate(MAX_UNPACKED_BYTES + 1)
+    assert diff_digest(code) is None
+    assert git_version(code).endswith("+dirty")
+
+
+MANY_UNTRACKED_GIT = """#!/bin/sh
+# A git of the tenant's own that names more untracked files than a bundle may hold.
+for arg in "$@"; do
+  case "$arg" in
+    --is-inside-work-tree) echo true; exit 0 ;;
+    HEAD) exit 1 ;;
+    ls-files) seq -f 'f%.0f' 1 "$COUNT" | tr '\\n' '\\0'; exit 0 ;;
+  esac
+done
+exit 1
+"""
+
+
+def test_more_untracked_files_than_a_bundle_holds_are_not_opened(
+    tmp_path: Path, code: Path
+) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "git").write_text(MANY_UNTRACKED_GIT)
+    (bin_dir / "git").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    within = str(MAX_BUNDLE_MEMBERS)
+    assert diff_digest(code, AsJob(JobUser(None, None), env | {"COUNT": within})) is not None
+    past = str(MAX_BUNDLE_MEMBERS + 1)
+    assert diff_digest(code, AsJob(JobUser(None, None), env | {"COUNT": past})) is None
