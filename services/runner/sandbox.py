@@ -662,6 +662,13 @@ def checkout_git(
     under the job's own limits too (``max_processes`` and its ``cgroup``: ``AsJob``,
     ``job_preexec``): what the tenant's server or repository makes git do spends the job's
     budget, not the host's."""
+    if code.repository.startswith("-"):
+        # The API refuses it, but a grant may come from another producer: given to git
+        # fetch, ``--upload-pack=<command>`` runs a command, in the host's network.
+        raise JobInputError(
+            f"{REPOSITORY}: {code.repository[:100]!r} starts with '-': a repository is a URL "
+            "or a path, never an option of git"
+        )
     if user.uid is not None and user.gid is not None:
         os.chown(dest, user.uid, user.gid)
     as_job = AsJob(
@@ -699,7 +706,7 @@ def checkout_git(
         return result.stdout.decode(errors="replace").strip()
 
     git("init", "-q")
-    git("fetch", "-q", "--depth", "1", code.repository, code.commit)
+    git("fetch", "-q", "--depth", "1", "--", code.repository, code.commit)  # never an option
     git("checkout", "-q", "FETCH_HEAD")
     head = git("rev-parse", "HEAD")
     if head != code.commit:

@@ -208,6 +208,21 @@ def test_a_repository_that_does_not_exist_is_the_jobs_input_naming_the_field(
     assert str(error).startswith("spec.code.repository: no git repository there; git fetch")
 
 
+def test_a_repository_that_looks_like_an_option_is_never_taken_for_one(tmp_path: Path) -> None:
+    """The API refuses a repository that is no URL, but a grant may come from another
+    producer (an older API, a replay): ``--upload-pack=<command>`` given to git fetch as
+    its repository made git run the command, in the host's network (git fetches outside
+    the job's own), with the job's code not even fetched. It is a repository name, and
+    no repository has it."""
+    marker = tmp_path / "ran"
+    code = CodeGit(repository=f"--upload-pack=touch {marker};", commit="0" * 40)
+    error = checkout_fails(tmp_path, code)
+    assert not marker.exists(), "git ran the command a repository named"
+    assert isinstance(error, JobInputError) and failure_kind(error) == "user_error"
+    assert str(error).startswith("spec.code.repository: ")
+    assert "never an option of git" in str(error)
+
+
 def test_a_repository_that_cannot_be_reached_now_is_the_platforms(tmp_path: Path) -> None:
     # Nothing listens on port 1: a server away is no fault of the job's, and may pass.
     code = CodeGit(repository="https://127.0.0.1:1/team/repo.git", commit="0" * 40)
