@@ -84,7 +84,10 @@ class JobProcess:
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=write_fd,
                 stderr=write_fd,
-                process_group=0,
+                # A session of its own, so no controlling terminal: a runner started from a
+                # root shell would otherwise share that terminal with the job, which could
+                # read what the operator types or push input into the shell (TIOCSTI).
+                start_new_session=True,
                 umask=JOB_UMASK,
                 preexec_fn=sandbox.job_preexec(
                     max_processes if isolated else None, user, cgroup, own_network

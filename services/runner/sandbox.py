@@ -250,6 +250,7 @@ def remember_job_uids(record: Path, uids: range) -> None:
 
 
 PR_SET_PDEATHSIG = 1
+PR_SET_NO_NEW_PRIVS = 38
 
 
 def job_preexec(
@@ -274,6 +275,11 @@ def job_preexec(
       ``RLIMIT_NPROC`` counts every task of the uid, which is the job's alone when it runs
       as a user of its own: a fork bomb then exhausts its own budget, not the host's
       process table);
+    - on Linux, it gives up gaining privileges for good (``PR_SET_NO_NEW_PRIVS``, as the
+      container executor's ``no-new-privileges``): neither it nor anything it starts gains
+      a uid or capability by running a setuid program or one with file capabilities
+      (``fusermount``, which would let the job mount a file system of its own making, that
+      never answers, where the runner reads as root; ``pkexec`` and the like);
     - forked from the main thread on Linux, it asks for SIGKILL when the runner dies (after
       the switch of user, which would clear it).
 
@@ -287,7 +293,8 @@ def job_preexec(
     )
     switch = user is not None and user.uid is not None and user.gid is not None
     join = cgroup.procs_files if cgroup is not None else ()
-    if limit is None and not death_signal and not switch and not join and not own_network:
+    no_new_privileges = sys.platform.startswith("linux")
+    if not (limit or death_signal or switch or join or own_network or no_new_privileges):
         return None
     # Loaded in the parent: loading a library after fork in a threaded parent can hang.
     prctl = ctypes.CDLL(None, use_errno=True).prctl
@@ -310,6 +317,8 @@ def job_preexec(
             os.setreuid(uid, uid)
         if limit is not None:
             resource.setrlimit(resource.RLIMIT_NPROC, limit)
+        if no_new_privileges and prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "could not set no_new_privs for the job")
         if death_signal:
             prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
             if os.getppid() != parent:  # the runner died before prctl took effect
@@ -345,8 +354,9 @@ class AsJob:
         self, argv: Sequence[str], *, cwd: Path, timeout: float
     ) -> subprocess.CompletedProcess[bytes]:
         """Run ``argv`` as the job would be run: its user (no supplementary groups) and its
-        cgroup (``job_preexec``), exactly its environment, stdin closed, in a process group
-        of its own; stdout and stderr captured, each up to ``MAX_AS_JOB_OUTPUT_BYTES``.
+        cgroup (``job_preexec``), exactly its environment, stdin closed, in a session (and
+        process group) of its own, without a controlling terminal; stdout and stderr
+        captured, each up to ``MAX_AS_JOB_OUTPUT_BYTES``.
         Whatever it leaves running is killed before this returns. Raises ``OSError``,
         ``subprocess.SubprocessError`` (the process could not join its cgroup or become its
         user), ``subprocess.TimeoutExpired`` like ``subprocess.run``, and ``OutputTooLarge``
@@ -360,7 +370,7 @@ class AsJob:
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                process_group=0,
+                start_new_session=True,  # no controlling terminal (process.JobProcess)
                 umask=0o077,  # as the job's own processes (process.JOB_UMASK)
                 preexec_fn=job_preexec(limit, self.user, self.cgroup, self.own_network),
             ) as process:

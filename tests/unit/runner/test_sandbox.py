@@ -794,3 +794,79 @@ def test_a_restarted_runner_takes_back_the_range_its_jobs_ran_as(tmp_path: Path)
     record.write_text("not a number")
     assert remembered_first(choices, record) == choices
     assert remembered_first(choices[:1], tmp_path / "none") == choices[:1]
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not sys.platform.startswith("linux") or not Path("/usr/bin/id").exists(),
+    reason="switching users needs root; no_new_privs is Linux's",
+)
+async def test_a_setuid_program_gives_the_job_no_privilege() -> None:
+    """A setuid-root program (``fusermount``, ``pkexec``, a copy a job left in ``/tmp``)
+    ran with root's effective uid when the job started it: what runs as the job has
+    ``no_new_privs``, as the container executor's ``no-new-privileges``, so it stays the
+    job's."""
+    from trainyard_platform.services.runner.process import JobProcess
+
+    folder = Path(tempfile.mkdtemp(prefix="trainyard-test-"))
+    try:
+        folder.chmod(0o711)  # the job's user reaches the program, as in /tmp or /usr/bin
+        setuid_id = folder / "id"
+        shutil.copyfile("/usr/bin/id", setuid_id)
+        setuid_id.chmod(0o4755)
+        user = JobUser(291_200, 291_200)
+        done = AsJob(user, {"PATH": "/usr/bin:/bin"}).run(
+            [str(setuid_id), "-u"], cwd=Path("/"), timeout=30
+        )
+        assert done.stdout.decode().strip() == "291200"
+        job = await JobProcess.start([str(setuid_id), "-u"], cwd=Path("/"), env={}, user=user)
+        said = [line async for line in job.output_lines()]
+        await job.wait()
+        job.close()
+        assert said == [b"291200\n"]
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+IN_A_TERMINAL = """
+import asyncio, os, pty, sys
+from pathlib import Path
+from trainyard_platform.services.runner.process import JobProcess
+from trainyard_platform.services.runner.sandbox import AsJob, JobUser
+
+OPEN_TTY = [sys.executable, "-c", "open('/dev/tty', 'rb')"]
+
+async def job() -> int:
+    process = await JobProcess.start(OPEN_TTY, cwd=Path("/"), env={})
+    async for _ in process.output_lines():
+        pass
+    process.close()
+    return await process.wait()
+
+pid, _ = pty.fork()  # the child's controlling terminal is the pty, as a shell's is
+if pid == 0:
+    try:
+        as_job = AsJob(JobUser(None, None), {}).run(OPEN_TTY, cwd=Path("/"), timeout=60)
+        os._exit(as_job.returncode * 10 + asyncio.run(job()))
+    except BaseException:
+        os._exit(99)
+print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+"""
+
+
+def test_what_runs_as_the_job_has_no_controlling_terminal() -> None:
+    """A runner started from a shell has that shell's terminal as its controlling terminal:
+    a job in the runner's session could open ``/dev/tty``, read what the operator types or
+    push input into a root shell (``TIOCSTI``). What runs as the job leads a session of
+    its own, without a terminal."""
+    root = Path(__file__).resolve().parents[3]
+    done = subprocess.run(
+        [sys.executable, "-c", IN_A_TERMINAL],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": f"{root}:{root / 'client'}"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    # Each open failed (exit status 1): the probe's as the tens, the job's as the units.
+    assert done.stdout.strip() == "11", done.stderr
