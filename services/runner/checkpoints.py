@@ -17,8 +17,13 @@ Staging, in the job's sandbox: the SDK writes ``step-<n>/checkpoint.pt`` then
 *only* that step folder of the staging root, refuses links (hard links too) and anything
 that resolves outside it (the job owns the folder and could point a file anywhere the runner
 can read),
-copies the object to a private file while hashing it, checks size and sha256 against the
-manifest, uploads object then manifest, and removes the staged folder.
+copies the object to a private file while hashing it (the job could change the staged file
+while it is uploaded), checks size and sha256 against the manifest, uploads object then
+manifest, and removes the staged folder. The private file lies in ``scratch``, a folder of
+the runner's on the disk its operator sized for jobs (the supervisor's ``jobs/<job>/``),
+never in the host's temporary folder: that may be memory (a ``tmpfs``, charged to the
+runner's own cgroup) or a container's writable layer (the node's root disk), and a
+checkpoint is up to ``max_bytes``.
 
 Size. A checkpoint's size is its apparent size (``st_size``), whatever the disk holds of
 it: a sparse file of 10 GiB written with one ``seek`` is 10 GiB read, hashed and uploaded.
@@ -145,11 +150,13 @@ def commit_staged(
     job_id: str | None = None,
     parent: otel_context.Context | None = None,
     max_bytes: int = MAX_CHECKPOINT_BYTES,
+    scratch: Path | None = None,
 ) -> CheckpointRef:
     """Verify the staged checkpoint of ``step`` and upload it to ``store`` (job ``job_id``'s
     checkpoint prefix), in a ``checkpoint upload`` span child of ``parent`` (the module; a
     key relative to the store, and no job id, when ``job_id`` is None). An object of more
-    than ``max_bytes`` (apparent size) is refused unread.
+    than ``max_bytes`` (apparent size) is refused unread. Its private copy is made in
+    ``scratch`` (made when missing; None: the host's temporary folder, for tests).
     Raises ``StagedCheckpointInvalid`` for anything the job got wrong."""
     key = f"{store_folder(step, attempt)}/{OBJECT_NAME}"
     attributes: dict[str, str | int] = {
@@ -162,13 +169,18 @@ def commit_staged(
     with _tracer.start_as_current_span(
         "checkpoint upload", context=parent, kind=trace.SpanKind.CLIENT, attributes=attributes
     ) as span:
-        ref = _commit_staged(staging, step, store, attempt, max_bytes)
+        ref = _commit_staged(staging, step, store, attempt, max_bytes, scratch)
         span.set_attribute("trainyard.checkpoint.size_bytes", ref.size_bytes)
         return ref
 
 
 def _commit_staged(
-    staging: Path, step: int, store: ObjectStore, attempt: int, max_bytes: int
+    staging: Path,
+    step: int,
+    store: ObjectStore,
+    attempt: int,
+    max_bytes: int,
+    scratch: Path | None,
 ) -> CheckpointRef:
     folder = staging / staged_folder(step)
     manifest_bytes = _read_confined(staging, folder / MANIFEST_NAME, MAX_MANIFEST_BYTES)
@@ -196,7 +208,9 @@ def _commit_staged(
     target = store_folder(step, attempt)
     object_key = f"{target}/{OBJECT_NAME}"
     manifest_key = f"{target}/{MANIFEST_NAME}"
-    with tempfile.TemporaryDirectory(prefix="trainyard-commit-") as private:
+    if scratch is not None:
+        scratch.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="trainyard-commit-", dir=scratch) as private:
         copy = Path(private) / OBJECT_NAME
         size, digest = _copy_confined(
             staging, folder / inside, copy, manifest.size_bytes, max_bytes

@@ -878,6 +878,9 @@ class JobRun:
                     job_id=self.job.job_id,
                     parent=self._events.parent,
                     max_bytes=self._max_checkpoint_bytes,
+                    # The runner's own folder of the job (``jobs/<job>/``), on the disk
+                    # sized for jobs: never the host's temporary folder (memory, maybe).
+                    scratch=self._log_path.parent,
                 )
                 self._upload_error = ""  # the store works again
                 break

@@ -639,6 +639,37 @@ async def test_a_checkpoint_is_uploaded_once_the_store_comes_back(
     assert done.artifact == saved[0].checkpoint
 
 
+async def test_the_runners_copy_of_a_checkpoint_lies_in_its_work_folder(
+    settings: Settings,
+    start_runner: StartRunner,
+    bus: Bus,
+    events: EventLog,
+    launches: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The runner copies a staged checkpoint before it uploads it (the job could change
+    the staged file meanwhile). The copy went to the host's temporary folder: memory where
+    ``/tmp`` is a tmpfs (charged to the runner's own cgroup), a container's writable layer
+    (the node's root disk) in the runner's pod, for up to ``max_checkpoint_bytes`` a job.
+    It lies in the runner's work folder, on the disk sized for jobs."""
+    copies: list[Path] = []
+    real = checkpoints._copy_confined
+
+    def recording(root: Path, path: Path, dest: Path, *args: Any) -> Any:
+        copies.append(dest)
+        return real(root, path, dest, *args)
+
+    monkeypatch.setattr(checkpoints, "_copy_confined", recording)
+    await start_runner(settings)
+    allocation = grant(settings.node_id, ["succeed", str(launches)])
+    await publish(bus, allocation, settings.node_id)
+    await events.first(JobSucceeded, allocation.job_id)
+    assert copies, "no checkpoint was copied"
+    work = settings.work_dir.resolve()
+    assert all(copy.resolve().is_relative_to(work) for copy in copies), copies
+    assert not any(copy.exists() for copy in copies), "the copy is removed once uploaded"
+
+
 async def test_output_without_end_is_cut_at_the_nodes_limit(
     settings: Settings, start_runner: StartRunner, bus: Bus, events: EventLog, tmp_path: Path
 ) -> None:
