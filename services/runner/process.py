@@ -6,15 +6,18 @@ Contract:
   has one (joined before anything of the job runs), as ``user`` when one is given (no
   supplementary groups), with umask 077, stdin closed, stdout and stderr merged into one
   pipe.
-- The child leads its own process group. ``terminate`` sends SIGTERM to the leader only (the
-  job's SIGTERM handler checkpoints; its data-loader workers must not die under it, and
-  ``torchrun`` forwards it to its workers); ``kill_group`` SIGKILLs the whole group, and is
-  also done once the leader has exited so no stray grandchild keeps a GPU or the pipes.
+- The child leads its own session, hence its own process group, and has no controlling
+  terminal (the runner's, when it has one, is never the job's to read or write).
+  ``terminate`` sends SIGTERM to the leader only (the job's SIGTERM handler checkpoints;
+  its data-loader workers must not die under it, and ``torchrun`` forwards it to its
+  workers); ``kill_group`` SIGKILLs the whole group, and is also done once the leader has
+  exited so no stray grandchild keeps a GPU or the pipes.
 - On Linux the child is SIGKILLed if the runner dies (``PR_SET_PDEATHSIG``, set after the
   switch of user, which would clear it): a job never runs on unsupervised, even one that
   ignores SIGTERM. It loses at most its last checkpoint interval; anything it spawned that
   escaped the group is killed by the next runner before it accepts work
-  (``sandbox.kill_leftovers``).
+  (``sandbox.kill_leftovers``: every process of the job uids; a runner that is not root,
+  whose jobs have no uid of their own, finds only the groups its ledger recorded).
 - Under torchrun, every local rank writes its stdout and stderr to a named pipe of its own
   (``RankPipes``, ``launch.rank_argv``): on the one shared pipe, one rank's partial line
   (``print`` unbuffered writes its pieces one by one) would be spliced into another's, and
