@@ -396,7 +396,7 @@ def test_a_wheel_cannot_put_its_own_interpreter_where_the_runner_runs_it(
     links = tmp_path / "links"
     links.mkdir()
     marker = tmp_path / "ran-as-the-runner"
-    fake = f"#!/bin/sh\ntouch {marker}\nexec {BASE} \"$@\"\n"
+    fake = f'#!/bin/sh\ntouch {marker}\nexec {BASE} "$@"\n'
     _wheel(links, "own_python", "", data={"own_python-1.0.data/data/bin/python": fake})
     offline = {"UV_FIND_LINKS": str(links), "UV_NO_INDEX": "1"} | {
         "PIP_FIND_LINKS": str(links), "PIP_NO_INDEX": "1"

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -796,35 +797,41 @@ def test_a_restarted_runner_takes_back_the_range_its_jobs_ran_as(tmp_path: Path)
     assert remembered_first(choices[:1], tmp_path / "none") == choices[:1]
 
 
+@pytest.fixture
+def setuid_id() -> Iterator[Path]:
+    """A copy of ``id`` that is setuid root, where a job's user reaches it (as in /tmp)."""
+    folder = Path(tempfile.mkdtemp(prefix="trainyard-test-"))
+    try:
+        folder.chmod(0o711)
+        program = folder / "id"
+        shutil.copyfile("/usr/bin/id", program)
+        program.chmod(0o4755)
+        yield program
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 @pytest.mark.skipif(
     os.geteuid() != 0 or not sys.platform.startswith("linux") or not Path("/usr/bin/id").exists(),
     reason="switching users needs root; no_new_privs is Linux's",
 )
-async def test_a_setuid_program_gives_the_job_no_privilege() -> None:
+async def test_a_setuid_program_gives_the_job_no_privilege(setuid_id: Path) -> None:
     """A setuid-root program (``fusermount``, ``pkexec``, a copy a job left in ``/tmp``)
     ran with root's effective uid when the job started it: what runs as the job has
     ``no_new_privs``, as the container executor's ``no-new-privileges``, so it stays the
     job's."""
     from trainyard_platform.services.runner.process import JobProcess
 
-    folder = Path(tempfile.mkdtemp(prefix="trainyard-test-"))
-    try:
-        folder.chmod(0o711)  # the job's user reaches the program, as in /tmp or /usr/bin
-        setuid_id = folder / "id"
-        shutil.copyfile("/usr/bin/id", setuid_id)
-        setuid_id.chmod(0o4755)
-        user = JobUser(291_200, 291_200)
-        done = AsJob(user, {"PATH": "/usr/bin:/bin"}).run(
-            [str(setuid_id), "-u"], cwd=Path("/"), timeout=30
-        )
-        assert done.stdout.decode().strip() == "291200"
-        job = await JobProcess.start([str(setuid_id), "-u"], cwd=Path("/"), env={}, user=user)
-        said = [line async for line in job.output_lines()]
-        await job.wait()
-        job.close()
-        assert said == [b"291200\n"]
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    user = JobUser(291_200, 291_200)
+    done = AsJob(user, {"PATH": "/usr/bin:/bin"}).run(
+        [str(setuid_id), "-u"], cwd=Path("/"), timeout=30
+    )
+    assert done.stdout.decode().strip() == "291200"
+    job = await JobProcess.start([str(setuid_id), "-u"], cwd=Path("/"), env={}, user=user)
+    said = [line async for line in job.output_lines()]
+    await job.wait()
+    job.close()
+    assert said == [b"291200\n"]
 
 
 IN_A_TERMINAL = """
