@@ -35,12 +35,14 @@ them (the node was gone, or billing's facts of it were): no unallocated time is 
 
 async def record_job(conn: asyncpg.Connection, job: JobSubmitted, now: datetime) -> None:
     """Remember the submitted job (it waits from its submission), unless the scheduler's
-    refusal of it was handled first (``forget_job``)."""
+    refusal of it was handled first (``forget_job``); ``ended`` when its end was handled
+    first (``record_end``)."""
     spec = job.spec
     await conn.execute(
         """INSERT INTO waste_jobs (job_id, team, project, user_name, gpu_flavor, gpus,
-                                   priority, submitted_at, recorded_at)
-           SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9
+                                   priority, submitted_at, recorded_at, ended)
+           SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9,
+                  EXISTS (SELECT 1 FROM waste_job_ends WHERE job_id = $1)
            WHERE NOT EXISTS (SELECT 1 FROM waste_refused_jobs WHERE job_id = $1)
            ON CONFLICT (job_id) DO NOTHING""",
         job.job_id,
@@ -155,7 +157,9 @@ async def own_success(conn: asyncpg.Connection, grant: AllocationGranted) -> dat
 async def record_end(
     conn: asyncpg.Connection, job_id: str, outcome: str, ended_at: datetime, now: datetime
 ) -> None:
-    """How the job ended: the first end said, except that a success replaces any other."""
+    """How the job ended: the first end said, except that a success replaces any other.
+    The job is marked ``ended`` (billing's ``0020``: no longer among its flavor's open
+    jobs that ``_WAITING_AT`` looks through)."""
     await conn.execute(
         """INSERT INTO waste_job_ends (job_id, outcome, ended_at, recorded_at)
            VALUES ($1, $2, $3, $4)
@@ -168,22 +172,33 @@ async def record_end(
         ended_at,
         now,
     )
-    flavor = await conn.fetchval("SELECT gpu_flavor FROM waste_jobs WHERE job_id = $1", job_id)
+    flavor = await conn.fetchval(
+        "UPDATE waste_jobs SET ended = true WHERE job_id = $1 RETURNING gpu_flavor", job_id
+    )
     if flavor is not None:  # heartbeats handled meanwhile may have found it waiting
         await recheck_waiting(conn, flavor, ended_at)
 
 
-_WAITING_AT = """EXISTS (
+_HOLDS_NONE_AT = """NOT EXISTS (SELECT 1 FROM announced_allocations a
+                       LEFT JOIN usage_ledger u USING (allocation_id)
+                       WHERE a.job_id = j.job_id AND a.granted_at <= {at}
+                         AND (u.ended_at IS NULL OR u.ended_at > {at}))"""
+
+_WAITING_AT = f"""(EXISTS (
     SELECT 1 FROM waste_jobs j
-    WHERE j.gpu_flavor = {flavor} AND j.submitted_at <= {at}
+    WHERE j.gpu_flavor = {{flavor}} AND NOT j.ended AND j.submitted_at <= {{at}}
       AND NOT EXISTS (SELECT 1 FROM waste_job_ends e
-                      WHERE e.job_id = j.job_id AND e.ended_at <= {at})
-      AND NOT EXISTS (SELECT 1 FROM announced_allocations a
-                      LEFT JOIN usage_ledger u USING (allocation_id)
-                      WHERE a.job_id = j.job_id AND a.granted_at <= {at}
-                        AND (u.ended_at IS NULL OR u.ended_at > {at})))"""
+                      WHERE e.job_id = j.job_id AND e.ended_at <= {{at}})
+      AND {_HOLDS_NONE_AT})
+  OR EXISTS (
+    SELECT 1 FROM waste_job_ends e JOIN waste_jobs j USING (job_id)
+    WHERE e.ended_at > {{at}} AND j.gpu_flavor = {{flavor}} AND j.submitted_at <= {{at}}
+      AND {_HOLDS_NONE_AT}))"""
 """Whether a job of the flavor ``{flavor}`` was waiting for GPUs at the instant ``{at}``
-(SQL expressions): submitted, not ended, and holding no allocation then."""
+(SQL expressions): submitted, not ended, and holding no allocation then. Found from the
+flavor's open jobs (``ended`` only narrows the search: their end is still checked) and
+those that ended after the instant, never from every job the flavor ever had (billing's
+``0020``)."""
 
 _WAITING = f"SELECT {_WAITING_AT.format(flavor='$1', at='$2')}"
 """``_WAITING_AT`` of flavor ``$1`` at ``$2``."""

@@ -31,11 +31,14 @@ from tests.integration.billing.test_waste import (
     supplied,
 )
 from trainyard_platform.services.billing import repository as repo
+from trainyard_platform.services.billing import waste_repository
 from trainyard_platform.services.billing.domain import Usage
-from trainyard_platform.services.billing.waste_repository import _HELD
+from trainyard_platform.services.billing.waste_repository import _HELD, _WAITING
 from trainyard_platform.shared.events.trust import SCHEDULER
 
 pytestmark = pytest.mark.integration
+
+H1 = timedelta(hours=1)
 
 __all__ = ["client"]  # the fixture, with test_waste's day fed
 
@@ -316,3 +319,51 @@ def usage(allocation_id: str, granted_at: datetime, *, minutes: float) -> Usage:
         currency="USD",
         cost=Decimal(0),
     )
+
+
+async def test_whether_a_job_waits_is_read_without_walking_the_flavor_s_history(
+    pool: asyncpg.Pool,
+) -> None:
+    """5,000 jobs of the flavor ``h17`` were submitted and ended long ago; one was
+    submitted an hour ago and waits. Whether a job of the flavor waits (read at every
+    heartbeat of a node with GPUs free, and again for each interval a grant, a job's end or
+    a refusal may take back) finds it, or finds none once it has ended, reading a handful
+    of pages. Before, it walked every job the flavor ever had (the index by flavor and
+    submission, and the end of each): a cost that only grew."""
+    start = datetime(2025, 1, 1, tzinfo=UTC)
+    history = 5000
+    await pool.execute(
+        """INSERT INTO waste_jobs (job_id, team, project, user_name, gpu_flavor, gpus,
+                                   priority, submitted_at, recorded_at)
+           SELECT 'h17-' || i, 'ml', 'ml-project', 'bob', 'h17', 1, 'high',
+                  $1::timestamptz + i * interval '10 minutes', now()
+           FROM generate_series(1, $2::int) i""",
+        start,
+        history,
+    )
+    async with pool.acquire() as conn:
+        for i in range(1, history + 1):
+            ended_at = start + timedelta(minutes=10 * i + 5)
+            await waste_repository.record_end(conn, f"h17-{i}", "succeeded", ended_at, start)
+    now = start + timedelta(minutes=10 * (history + 10))
+    await feed(pool, submitted("w17", spec("ml", "bob", "h17", 1, "high"), now - H1))
+
+    async def waiting_pages() -> tuple[bool, int]:
+        async with pool.acquire() as conn:
+            await conn.execute("ANALYZE waste_jobs; ANALYZE waste_job_ends")
+            found = await conn.fetchval(_WAITING, "h17", now)
+            (plan,) = json.loads(
+                await conn.fetchval(
+                    f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {_WAITING}", "h17", now
+                )
+            )
+        return found, plan["Plan"]["Shared Hit Blocks"] + plan["Plan"]["Shared Read Blocks"]
+
+    found, pages = await waiting_pages()
+    assert found
+    assert pages < 40, f"{pages} pages read to find the job waiting among {history} ended"
+    async with pool.acquire() as conn:
+        await waste_repository.record_end(conn, "w17", "cancelled", now - H1 / 2, now)
+    found, pages = await waiting_pages()
+    assert not found
+    assert pages < 40, f"{pages} pages read to find no job waiting among {history} ended"
