@@ -340,10 +340,16 @@ async def hold(
     of the node that overlaps it and did not count it held (``held``) counts it now, as
     ``record_heartbeat`` would have: its free GPUs less these, the interval gone when none
     is left. So GPUs billed to a job are never counted free at the same time, whichever
-    fact came first. Intervals recorded before billing kept ``held`` (NULL) stay as they
+    fact came first, or when both are handled at once (the node's row is locked, as a
+    heartbeat locks it). Intervals recorded before billing kept ``held`` (NULL) stay as they
     were."""
     if gpus <= 0:
         return
+    # The node's heartbeat lock (``record_heartbeat``): a heartbeat of the node handled at
+    # once in another replica either commits its interval first, which the statements
+    # below then see, or waits and then reads this allocation held. Holds of the node wait
+    # for each other too, so none takes GPUs out of an interval another left too few.
+    await conn.execute("SELECT 1 FROM waste_nodes WHERE node_id = $1 FOR UPDATE", node_id)
     # An interval is at most HEARTBEAT_GAP long: one that ends after ``start`` starts after
     # ``start - HEARTBEAT_GAP``, which finds the node's few by its key.
     overlapping = (

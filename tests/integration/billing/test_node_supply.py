@@ -9,6 +9,7 @@ month (each test its own hours).
 
 from __future__ import annotations
 
+import asyncio
 import json
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -33,7 +34,9 @@ from tests.integration.billing.test_waste import (
 from trainyard_platform.services.billing import repository as repo
 from trainyard_platform.services.billing import waste_repository
 from trainyard_platform.services.billing.domain import Usage
+from trainyard_platform.services.billing.handlers import BillingHandlers
 from trainyard_platform.services.billing.waste_repository import _HELD, _WAITING
+from trainyard_platform.shared.events.payloads import RunnerHeartbeat
 from trainyard_platform.shared.events.trust import SCHEDULER
 
 pytestmark = pytest.mark.integration
@@ -367,3 +370,35 @@ async def test_whether_a_job_waits_is_read_without_walking_the_flavor_s_history(
     found, pages = await waiting_pages()
     assert not found
     assert pages < 40, f"{pages} pages read to find no job waiting among {history} ended"
+
+
+async def test_a_grant_and_a_heartbeat_of_its_node_handled_at_once_count_its_gpus_held(
+    client: httpx.AsyncClient, pool: asyncpg.Pool
+) -> None:
+    """n-23's grant of 4 GPUs at 110:00 (to w23b) is handled by one replica while another
+    handles n-23's heartbeat of 110:01, neither committed. Whichever commits first, the
+    interval from 110:00 counts 4 free, not 8: the grant's hold waits for the heartbeat
+    (or the heartbeat for the grant) on the node. Before, each saw the other's database
+    without the other's change: the interval counted the granted GPUs free for good."""
+    job = spec("ml", "bob", "cpu", 4, "high")
+    await feed(
+        pool,
+        submitted("w23", H, at(110)),
+        submitted("w23b", job, at(110)),
+        supplied("n-23", at(110)),
+        beat("n-23", at(110), []),
+    )
+    grant = granted("a-23", "w23b", job, "n-23", at(110), "ml-q")
+    second = beat("n-23", at(110 + 1 / 60), [])
+    assert isinstance(second.data, RunnerHeartbeat)
+    async with pool.acquire() as granting, pool.acquire() as beating:
+        granting_tx, beating_tx = granting.transaction(), beating.transaction()
+        await granting_tx.start()
+        await BillingHandlers().dispatch(grant, granting)
+        await beating_tx.start()
+        heartbeat = asyncio.create_task(waste_repository.record_heartbeat(beating, second.data))
+        await asyncio.sleep(0.5)  # the heartbeat has read what it can by now
+        await granting_tx.commit()
+        await heartbeat
+        await beating_tx.commit()
+    assert await free_gpus(pool, "n-23") == [4]
