@@ -172,11 +172,14 @@ async def record_end(
         ended_at,
         now,
     )
-    flavor = await conn.fetchval(
-        "UPDATE waste_jobs SET ended = true WHERE job_id = $1 RETURNING gpu_flavor", job_id
+    job = await conn.fetchrow(
+        "UPDATE waste_jobs SET ended = true WHERE job_id = $1 RETURNING gpu_flavor, submitted_at",
+        job_id,
     )
-    if flavor is not None:  # heartbeats handled meanwhile may have found it waiting
-        await recheck_waiting(conn, flavor, ended_at)
+    if job is not None:  # heartbeats handled meanwhile may have found it waiting
+        # Not before its submission (it waited at none of those), whatever time its end
+        # says: a runner says its own ``finished_at``.
+        await recheck_waiting(conn, job["gpu_flavor"], max(ended_at, job["submitted_at"]))
 
 
 _HOLDS_NONE_AT = """NOT EXISTS (SELECT 1 FROM announced_allocations a

@@ -402,3 +402,45 @@ async def test_a_grant_and_a_heartbeat_of_its_node_handled_at_once_count_its_gpu
         await heartbeat
         await beating_tx.commit()
     assert await free_gpus(pool, "n-23") == [4]
+
+
+async def test_a_job_s_end_judges_again_only_the_intervals_since_its_submission(
+    pool: asyncpg.Pool,
+) -> None:
+    """n-24 has 3,000 unallocated intervals of the flavor ``h24`` from long ago (while
+    h24-old waited). w24, submitted an hour ago, ends, on its runner's word, at a time
+    before it was submitted (a runner says its own ``finished_at``). Its end judges again
+    whether a job waited at the intervals since its submission only: none before it could
+    have counted w24 waiting. Before, it read every interval of the flavor since the time
+    the runner said, one event at a time, as far back as a runner would say."""
+    start = datetime(2030, 1, 1, tzinfo=UTC)  # after every other test's intervals
+    history = 3000
+    await pool.execute(
+        """INSERT INTO waste_jobs (job_id, team, project, user_name, gpu_flavor, gpus,
+                                   priority, submitted_at, recorded_at)
+           VALUES ('h24-old', 'ml', 'ml-project', 'bob', 'h24', 1, 'high', $1, $1)""",
+        start,
+    )
+    await pool.execute(
+        """INSERT INTO waste_unallocated (node_id, gpu_flavor, free_gpus, started_at, ended_at,
+                                          held)
+           SELECT 'n-24', 'h24', 8, $1::timestamptz + i * interval '1 minute',
+                  $1::timestamptz + (i + 1) * interval '1 minute', '{}'
+           FROM generate_series(1, $2::int) i""",
+        start,
+        history,
+    )
+    async with pool.acquire() as conn:
+        last = start + timedelta(minutes=history + 2)
+        await waste_repository.record_end(conn, "h24-old", "succeeded", last, last)
+        await conn.execute("ANALYZE waste_unallocated")
+    now = start + timedelta(days=30)
+    await feed(pool, submitted("w24", spec("ml", "bob", "h24", 1, "high"), now - H1))
+    async with pool.acquire() as conn, conn.transaction():
+        await waste_repository.record_end(conn, "w24", "succeeded", start, now)
+        read = await conn.fetchval(
+            "SELECT coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0) "
+            "FROM pg_stat_xact_user_tables WHERE relname = 'waste_unallocated'"
+        )
+    assert await free_gpus(pool, "n-24") == [8] * history  # h24-old waited then
+    assert read < 50, f"{read} intervals read for a job submitted after all {history}"
