@@ -69,6 +69,7 @@ from trainyard_platform.services.scheduler.domain import (
 from trainyard_platform.services.scheduler.inventory import Claim, cap
 from trainyard_platform.services.scheduler.late_success import accept_late_success
 from trainyard_platform.services.scheduler.leases import (
+    CANCEL_STOP_REASON,
     Ending,
     apply_endings,
     fence_revocation,
@@ -499,7 +500,7 @@ class SchedulerHandlers:
                 job_id=job.job_id,
                 node_id=allocation.node_id,
                 epoch=allocation.epoch,
-                reason="cancelled",
+                reason=CANCEL_STOP_REASON,  # the runner reports it (leases)
                 grace_seconds=self._tuning.cancel_grace_s,
             )
             await emit(conn, revoke, allocation.node_id)
@@ -595,6 +596,7 @@ class SchedulerHandlers:
                 log.info("job %s %s ignored: %s", report.job_id, kind, stale or "unknown job")
                 return False
             failed = report if isinstance(report, JobFailed) else None
+            preempted = report if isinstance(report, JobPreempted) else None
             endings.append(
                 plan_end(
                     job,
@@ -605,6 +607,7 @@ class SchedulerHandlers:
                     self._tuning,
                     reporter=report.allocation_id,
                     failed=failed,
+                    preempted=preempted,
                 )
             )
             return False

@@ -20,6 +20,11 @@ Contract:
   ``said-preempted:<allocation>``; reason ``node lost; requeued for attempt 2 (restart 1 of 3)`` or
   ``attempt 1 failed (user_error: ...); restarting in 5 s``, or after a platform failure
   ``attempt 1 failed (platform_error: ...); retrying in 5 s (platform retry 1 of 3; ...)``);
+  a job preempted whose runner reported the stop with the reason ``cancelled`` (the stop
+  of a cancel: ``CANCEL_STOP_REASON``) while the job was not being cancelled gets one too,
+  reason ``preempted``: the submission service leaves a job whose stop says ``cancelled``
+  as it was, waiting for the scheduler's ``job.cancelled``, so without it a runner's wrong
+  reason would keep the job RUNNING in its view while it waits in its queue;
   a job that ends FAILED gets
   one ``JobFailed`` (event id ``said-failed:<allocation>``) carrying the decision's reason,
   its ``failure_kind`` and, after a runner's report, its exit code and log tail. A requeued
@@ -38,6 +43,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Final
 
 import asyncpg
 
@@ -70,6 +76,12 @@ from trainyard_platform.shared.logs import job_scope
 from trainyard_platform.shared.outbox import Traced
 
 log = logging.getLogger(__name__)
+
+CANCEL_STOP_REASON: Final = "cancelled"
+"""The reason a runner reports for the stop of a cancel: the scheduler revokes a cancelled
+job's allocations with the reason ``cancelled`` and no detail (``handlers``), and the runner
+reports the revocation's detail, else its reason. The submission service knows that stop by
+it (``services.submission.domain.CANCEL_STOP_REASON``)."""
 
 
 @dataclass(frozen=True)
@@ -118,9 +130,11 @@ def plan_end(
     tuning: Tuning,
     reporter: str | None = None,
     failed: JobFailed | None = None,
+    preempted: JobPreempted | None = None,
 ) -> Ending:
     """Decide how ``job``'s ``allocations`` end and what that says, without I/O; the events
-    carry the trace context current now. ``failed``: the runner's report of a failure."""
+    carry the trace context current now. ``failed``: the runner's report of a failure;
+    ``preempted``: its report of a preemption."""
     decision = allocation_ended(
         job.status,
         kind,
@@ -170,6 +184,10 @@ def plan_end(
     elif decision.requeued and (decision.restart or decision.platform_retry):
         # Likewise: the job's view must leave RUNNING now, not when it is placed again.
         events.extend(_said_preempted(job.job_id, allocations, reported_at, decision.reason))
+    elif decision.requeued and preempted is not None and preempted.reason == CANCEL_STOP_REASON:
+        # The runner's report reads as a cancel's stop, which the job's view leaves as it
+        # was until the scheduler's job.cancelled; but no cancel stopped it: say so.
+        events.extend(_said_preempted(job.job_id, allocations, reported_at, "preempted"))
     return Ending(
         job,
         allocations,

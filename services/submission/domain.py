@@ -20,7 +20,9 @@ Contract:
   ``job.preempted`` says so itself (``CANCEL_STOP_REASON``), whether or not the request was
   heard yet: the registry's request, said on this service's behalf, may be handled after
   the runner's report of the stop (redelivered after it failed, or said again after NATS
-  lost its store), and either order ends the same.
+  lost its store), and either order ends the same. A runner that says ``cancelled`` of a
+  stop no cancel asked for does not keep the job RUNNING: the scheduler, which requeues it,
+  then says its own ``job.preempted`` (``services.scheduler.leases``), which is applied.
 - Only the scheduler ends a job FAILED. A ``job.failed`` from any other source (the
   runner's) reports one attempt: ``judge`` answers ``AttemptFailed`` (record the failure and
   a FAILED history entry, keep the status) once per attempt, and only while that attempt

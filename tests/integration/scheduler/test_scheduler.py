@@ -285,6 +285,26 @@ async def test_preempted_job_is_requeued_for_its_next_attempt(scheduler: Schedul
     assert grants[1].epoch > grant.epoch
 
 
+async def test_a_preemption_reported_as_a_cancels_stop_is_said_preempted_by_the_scheduler(
+    scheduler: Scheduler,
+) -> None:
+    """A runner reports the stop of a cancel with the reason ``cancelled``, which the
+    submission service leaves as it was until the scheduler's ``job.cancelled``. Said of a
+    job nobody cancelled (a runner's wrong word), the job was requeued and nothing else was
+    said: it stayed RUNNING in the job's view while it waited in its queue."""
+    await scheduler.heartbeat("n1", gpus=1)
+    await scheduler.submit("job-1", gpus=1)
+    (grant,) = await scheduler.wait_for(AllocationGranted)
+    await scheduler.send(preempted(grant, "cancelled"), "job-1")
+    (released,) = await scheduler.wait_for(AllocationReleased)
+    assert released.outcome == "preempted"
+    await scheduler.wait_for(JobPreempted, lambda p: p.reason == "preempted")
+    (said,) = [e for e in scheduler.envelopes(JobPreempted) if e.id.startswith("said-")]
+    assert said.id == f"said-preempted:{grant.allocation_id}"
+    assert (said.data.allocation_id, said.data.reason) == (grant.allocation_id, "preempted")
+    assert JobCancelled not in [type(e.data) for e in scheduler.seen]
+
+
 def saved(grant: AllocationGranted, step: int, **overrides: object) -> CheckpointSaved:
     """``grant``'s node's report that the job committed a checkpoint of ``step``."""
     data = f"weights {step}".encode()

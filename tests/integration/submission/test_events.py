@@ -301,6 +301,24 @@ async def test_a_registry_cancel_handled_after_the_stop_it_caused_ends_the_same(
     assert _statuses(view) == ["QUEUED", "SCHEDULED", "RUNNING", "CANCELLED"]
 
 
+async def test_a_stop_said_cancelled_of_a_job_nobody_cancelled_ends_preempted(
+    submission: Submission,
+) -> None:
+    """A runner's stop with the reason ``cancelled`` is left alone (the cancel request may
+    come later); of a job nobody cancelled, the scheduler requeues it and says the
+    preemption itself (``services.scheduler.leases``), which the job shows."""
+    job = (await submission.submit())["id"]
+    await submission.publish(ev.granted(job))
+    await submission.publish(ev.started(job))
+    stopped = ev.preempted(job).model_copy(update={"reason": "cancelled", "checkpoint": None})
+    await submission.publish(stopped)  # the runner's word, wrong
+    said = ev.preempted(job).model_copy(update={"reason": "preempted", "checkpoint": None})
+    await submission.publish(said, source=SCHEDULER_SOURCE)
+    view = await submission.wait_for(job, lambda v: v["status"] == "PREEMPTED")
+    assert _statuses(view) == ["QUEUED", "SCHEDULED", "RUNNING", "PREEMPTED"]
+    assert view["cancel_requested"] is False
+
+
 async def test_events_for_unknown_jobs_are_ignored_and_consumption_goes_on(
     submission: Submission,
 ) -> None:

@@ -15,7 +15,12 @@ from trainyard_platform.services.scheduler.domain import (
     Job,
     JobStatus,
 )
-from trainyard_platform.services.scheduler.leases import Ending, fence_revocation, plan_end
+from trainyard_platform.services.scheduler.leases import (
+    CANCEL_STOP_REASON,
+    Ending,
+    fence_revocation,
+    plan_end,
+)
 from trainyard_platform.services.scheduler.policy.model import PolicyConfig
 from trainyard_platform.services.scheduler.scheduling import Tuning
 from trainyard_platform.shared.events.payloads import (
@@ -305,6 +310,47 @@ def test_a_preemption_requeues_without_saying_anything_for_the_runner() -> None:
     said = payloads(ending)
     assert [type(p) for p in said] == [AllocationReleased, AllocationReleased, AllocationRevoked]
     assert [r[2] for r in ending.releases] == ["preempted", "preempted"]
+
+
+def preempted_report(reason: str) -> JobPreempted:
+    return JobPreempted(
+        job_id="job-1",
+        allocation_id=A.allocation_id,
+        node_id="node-a",
+        epoch=11,
+        finished_at=T0 + timedelta(seconds=50),
+        reason=reason,
+    )
+
+
+def test_a_preemption_its_runner_reports_as_a_cancels_stop_is_said_preempted() -> None:
+    """The submission service leaves a job whose stop's reason is ``cancelled`` as it was,
+    waiting for the scheduler's ``job.cancelled`` (the registry's cancel request may be
+    handled after the stop it caused). A runner saying so of a job nobody cancelled would
+    keep it RUNNING in the job's view while it waits in its queue: the scheduler, which
+    knows, says the preemption itself. A cancelled job's stop, or a preemption reported
+    with its own reason, is said as before."""
+    report = preempted_report(CANCEL_STOP_REASON)
+    ending = plan(job(), "preempted", 50, 80, reporter=A.allocation_id, preempted=report)
+    assert ending.decision.requeued and not ending.decision.restart
+    said = [p for p in payloads(ending) if isinstance(p, JobPreempted)]
+    assert [(p.allocation_id, p.reason) for p in said] == [
+        (A.allocation_id, "preempted"),
+        (B.allocation_id, "preempted"),
+    ]
+    assert [e.id for e, _ in ending.events][-2:] == [
+        f"said-preempted:{A.allocation_id}",
+        f"said-preempted:{B.allocation_id}",
+    ]
+
+    own = preempted_report("preempted by job-2 (fair share)")
+    ending = plan(job(), "preempted", 50, 80, reporter=A.allocation_id, preempted=own)
+    assert JobPreempted not in [type(p) for p in payloads(ending)]
+
+    cancelling = job(JobStatus.CANCELLING)
+    ending = plan(cancelling, "preempted", 50, 80, reporter=A.allocation_id, preempted=report)
+    assert ending.decision.job_status is JobStatus.CANCELLED
+    assert JobPreempted not in [type(p) for p in payloads(ending)]
 
 
 @pytest.mark.parametrize(("reason", "said"), [("by ada", "by ada"), (None, "cancelled")])
