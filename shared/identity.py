@@ -192,7 +192,7 @@ class IdentityClient:
         if response.status_code == 401:
             return None
         if response.status_code == 429:
-            raise _rate_limited(response)
+            raise rate_limited(response)
         if response.status_code != 200:
             raise self._unavailable(f"identity service answered {response.status_code}")
         try:
@@ -221,7 +221,7 @@ class IdentityClient:
                 f"identity service unreachable ({type(exc).__name__})", str(exc)
             ) from None
         if response.status_code == 429:
-            raise _rate_limited(response)
+            raise rate_limited(response)
         if response.status_code in (404, 422):  # 422: not even a valid team name
             return False
         if response.status_code != 200:
@@ -229,9 +229,10 @@ class IdentityClient:
         return True
 
 
-def _rate_limited(response: httpx.Response) -> IdentityRateLimited:
-    """The identity service's 429 as the caller's: its reason and ``Retry-After`` (at least
-    1 second; whole seconds only, whatever it sent)."""
+def rate_limited(response: httpx.Response) -> IdentityRateLimited:
+    """A Trainyard service's 429, asked with the caller's own token (the identity service's,
+    or another service's whose own limit or token check refused it), as the caller's: its
+    reason and ``Retry-After`` (at least 1 second; whole seconds only, whatever it sent)."""
     retry = response.headers.get("Retry-After", "")
     retry = retry if retry.isascii() and retry.isdigit() and int(retry) >= 1 else "1"
     try:

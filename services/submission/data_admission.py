@@ -16,7 +16,11 @@ Contract:
 - A reference the registry answers 404 for is refused with ``RequestInvalid`` (422) naming
   the item (``datasets[1]``, ``parent_model``), with one message whether it does not exist
   or the team may not read it: existence does not leak. Every bad item is named at once.
-- The registry unreachable, or answering anything but 200 or 404, raises
+- The registry answering 429 (the user's rate limit at the registry spent, its own or
+  the one its token check spends) is the user's 429, with the registry's reason and
+  ``Retry-After`` (``shared.identity.rate_limited``): the user's to wait for, not an
+  outage, so nothing is logged for the operator.
+- The registry unreachable, or answering anything but 200, 404 or 429, raises
   ``RegistryUnavailable`` (503): the job is not admitted unchecked; the operator's log says
   so, naming ``TRAINYARD_SUBMISSION_REGISTRY_URL``, once per reason a minute. Without ``registry_url``
   a job naming data is refused with 422 (nothing can check it).
@@ -33,6 +37,7 @@ import httpx
 
 from trainyard_platform.services.submission.schemas import JobRequest
 from trainyard_platform.shared.http_errors import FieldError, RequestInvalid
+from trainyard_platform.shared.identity import rate_limited
 from trainyard_platform.shared.logs import Throttle, held_back
 
 log = logging.getLogger(__name__)
@@ -150,6 +155,8 @@ async def _get(client: httpx.AsyncClient, path: str) -> dict[str, Any] | None:
         ) from None
     if answer.status_code == 404:
         return None
+    if answer.status_code == 429:
+        raise rate_limited(answer)
     if answer.status_code != 200:
         raise RegistryUnavailable(f"the registry answered {answer.status_code}")
     body: dict[str, Any] = answer.json()

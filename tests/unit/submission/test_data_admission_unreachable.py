@@ -14,6 +14,7 @@ from trainyard_platform.services.submission.data_admission import (
     RegistryUnavailable,
 )
 from trainyard_platform.services.submission.schemas import JobRequest
+from trainyard_platform.shared.identity import IdentityRateLimited
 
 JOB = JobRequest.model_validate(
     {
@@ -61,3 +62,27 @@ async def test_a_registry_answering_an_error_is_logged_with_its_status(
 
     [record] = [r for r in caplog.records if r.name == data_admission.__name__]
     assert "answered 502" in record.getMessage()
+
+
+async def test_a_registry_refusing_the_users_rate_limit_is_the_users_429_not_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The registry limits each user's requests itself (``shared.access``), and its token
+    check spends the user's reads at submission: its 429 is the user's, passed on with its
+    reason and ``Retry-After``. It was a 503 saying the registry could not be asked, and a
+    warning in the operator's log."""
+    detail = (
+        "rate limit exceeded: at most 50 read requests to the registry service per second "
+        "per user (bursts of 200); retry after 3 s"
+    )
+
+    def refusing(request: httpx.Request) -> httpx.Response:
+        body = {"detail": detail, "errors": [{"field": "Authorization", "message": "spent"}]}
+        return httpx.Response(429, json=body, headers={"Retry-After": "3"})
+
+    admission = DataAdmission("http://registry:8083", httpx.MockTransport(refusing))
+    caplog.set_level(logging.WARNING, logger=data_admission.__name__)
+    with pytest.raises(IdentityRateLimited) as refused:
+        await admission.admit(JOB, "Bearer ty_some-user-token")
+    assert (str(refused.value), refused.value.retry_after) == (detail, "3")
+    assert [r for r in caplog.records if r.name == data_admission.__name__] == []
