@@ -826,7 +826,7 @@ def cancel(session: Session) -> int:
         job_id = ids[0]
         view = conditional(
             "submission",
-            lambda: client.cancel(job_id, conditions),
+            lambda: _cancelled(client, job_id, conditions),
             f"trainyard describe {job_id}",
         )
         session.emit(view, lambda: _cancel_text(view))
@@ -834,7 +834,7 @@ def cancel(session: Session) -> int:
     views, refused = [], []
     for job_id in ids:
         try:
-            views.append(client.cancel(job_id))
+            views.append(_cancelled(client, job_id))
         except TrainyardError as exc:
             if len(ids) == 1:
                 raise
@@ -848,6 +848,22 @@ def cancel(session: Session) -> int:
         lines = [_refusal_text(job_id, exc) for job_id, exc in refused]
         raise CliError("\n".join(lines), exit_code_of(refused[0][1]))
     return Exit.OK
+
+
+def _cancelled(
+    client: TrainyardClient, job_id: str, conditions: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """``client.cancel``'s view, its 409 said once: the API's detail (``job J has already
+    ended (SUCCEEDED)``) with its one field error (``job_id: the job has already ended
+    (SUCCEEDED): there is nothing to cancel``) read as the same reason twice; any other
+    field error is kept."""
+    try:
+        return client.cancel(job_id, conditions)
+    except TrainyardError as exc:
+        if exc.status != 409:
+            raise
+        others = [e for e in exc.errors if e.get("field") != "job_id"]
+        raise TrainyardError(exc.status, exc.message, others, exc.retry_after) from None
 
 
 _NOT_STARTED = ("QUEUED", "PENDING", "PREEMPTED")

@@ -23,6 +23,19 @@ E = "eeeeeeee-0000-4000-8000-000000000005"
 """A job that has ended: the API refuses to cancel it."""
 
 
+ENDED = {
+    "detail": f"job {E} has already ended (SUCCEEDED)",
+    "errors": [
+        {
+            "field": "job_id",
+            "message": "the job has already ended (SUCCEEDED): there is nothing to cancel",
+        }
+    ],
+}
+"""The submission API's 409 to a cancel of a job that has ended (``commands.cancel_job``):
+its field error says again what its detail says."""
+
+
 def _api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[httpx.Request]:
     state = routed_api(tmp_path, monkeypatch, {"TRAINYARD_URL": "http://api.test"})
     monkeypatch.setenv("TRAINYARD_TOKEN", "ty_a")
@@ -33,8 +46,7 @@ def _api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[httpx.Request]
             view = {"id": P, "name": "p", "status": "PENDING", "cancel_requested": True}
             return httpx.Response(202, json=view)
         if request.method == "POST" and parts[-1] == "cancel" and parts[3] == E:
-            detail = f"job {E} has already ended (SUCCEEDED)"
-            return httpx.Response(409, json={"detail": detail, "errors": []})
+            return httpx.Response(409, json=ENDED)
         if request.method == "POST" and parts[-1] == "cancel" and parts[3] in (A, C):
             view = {"id": parts[3], "name": "a", "status": "RUNNING", "history": []}
             return httpx.Response(200, json=view)
@@ -98,6 +110,22 @@ def test_a_pending_job_is_said_to_be_cancelled_and_a_refusal_names_the_job_once(
     assert out == f"job {P} is cancelled before it starts (it was PENDING)\n"
     assert err == f"trainyard: error: not cancelled: 409 job {E} has already ended (SUCCEEDED)\n"
     assert err.count(E) == 1
+
+
+@pytest.mark.parametrize("extra", [[], ["--if-match", '"e1"']], ids=["plain", "if-match"])
+def test_one_ended_job_s_refusal_says_its_reason_once(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    extra: list[str],
+) -> None:
+    """It said `409 job E has already ended (SUCCEEDED) (job_id: the job has already ended
+    (SUCCEEDED): there is nothing to cancel)`: the reason twice."""
+    _api(tmp_path, monkeypatch)
+    assert cli.main(["cancel", E, *extra]) == 1
+    assert capsys.readouterr().err == (
+        f"trainyard: error: 409 job {E} has already ended (SUCCEEDED)\n"
+    )
 
 
 @pytest.mark.parametrize(
