@@ -315,13 +315,25 @@ def _scalar(kind: str, text: str) -> Any:
     if kind == "bool":
         return text.lower() == "true"
     if kind == "int":
-        return int(text, 0) if text.startswith(("0o", "0x")) else int(text)
+        return _integer(text)
     if kind == "float":
         plain = text.lower().lstrip("+")
         if plain in (".inf", "-.inf", ".nan"):
             return float(plain.replace(".", ""))
         return float(text)
     return text
+
+
+def _integer(text: str) -> int | float:
+    """``text``, an integer of YAML (``0x``/``0o`` too) or JSON, as an int; one of more
+    digits than Python converts (``sys.get_int_max_str_digits``, 4300) as the infinity of its
+    sign, which every check then refuses as no finite number (``seed: must be an integer``,
+    ``--set``'s usage error). ``int()`` raised ValueError, which the CLI said as "unexpected
+    ValueError", naming neither the file nor the field."""
+    try:
+        return int(text, 0) if text.startswith(("0o", "0x")) else int(text)
+    except ValueError:
+        return float(text)
 
 
 def _key_near(text: str, line: int) -> str:
@@ -366,7 +378,7 @@ def _read_json(text: str, file: str) -> SpecFile:
     if not text.strip():
         raise SpecError(file, [SpecIssue("", EMPTY)])
     try:
-        value = json.loads(text, object_pairs_hook=pairs)
+        value = json.loads(text, object_pairs_hook=pairs, parse_int=_integer)
     except json.JSONDecodeError as exc:
         raise SpecError(file, [_json_issue(text, exc)]) from None
     spec = SpecFile(file, value)
