@@ -636,3 +636,10 @@ def resolve(client: TrainyardClient, ref: str) -> str:
             Exit.NOT_FOUND,
         )
     return str(matches[0]["id"])
+
+
+def resolved_job(session: Session, ref: str) -> str:
+    """``resolve`` for a command that calls another service (``cost JOB``, ``waste --job``):
+    the submission API resolves the reference, so its refusal is said as its own
+    (``submission: 404 ...``), not as one of the service the command goes on to call."""
+    return str(asked("submission", lambda: resolve(session.client, ref)))

@@ -32,6 +32,7 @@ from trainyard.cli_base import (
     note,
     refused,
     resolve,
+    resolved_job,
     whole_arg,
 )
 from trainyard.cli_models import name_arg
@@ -523,7 +524,7 @@ def run_cost(session: Session) -> int:
                 *((f"--{dim}", getattr(args, dim)) for dim in COST_DIMENSIONS if dim != "job"),
                 form="cost JOB (one job's bill)",
             )
-            job_id = resolve(session.client, args.job)
+            job_id = resolved_job(session, args.job)
             bill = billing.get(f"/v1/jobs/{segment(job_id)}/cost")
             session.emit(bill, lambda: job_cost_text(bill))
             return Exit.OK

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from trainyard.cli_base import CliError, Exit, Session, refused, resolve
+from trainyard.cli_base import CliError, Exit, Session, refused, resolved_job
 from trainyard.cli_render import money, short, table, time_text
 from trainyard.cli_tracking import billing_csv, filtered_text
 from trainyard.client import TrainyardError
@@ -75,9 +75,9 @@ def run_waste(session: Session) -> int:
         "to": args.end,
         **{d: getattr(args, d) for d in DIMENSIONS},
     }
+    if args.job is not None:  # an id or a unique prefix, as everywhere
+        params["job"] = resolved_job(session, args.job)
     try:
-        if args.job is not None:  # an id or a unique prefix, as everywhere
-            params["job"] = resolve(session.client, args.job)
         if args.csv:
             sys.stdout.write(billing_csv(billing, "/v1/waste", params))
             return Exit.OK
