@@ -464,9 +464,9 @@ def _main(args: argparse.Namespace) -> int:
 
 def _hint(session: Session | None, status: int | None, said: str) -> str:
     """What to add to a service's refusal (``said``, of HTTP ``status``; 0: no answer): for
-    a token refused (401) by any service, where it came from and what to do; for a
-    submission API that did not answer, where its URL came from. Nothing for ``login``,
-    whose token and URL are the ones it was just given."""
+    a token refused (401) by any service, where it came from and what to do; for any API
+    that did not answer, where its URL came from (``Session.unreachable``). Nothing for
+    ``login``, whose token and URL are the ones it was just given."""
     if session is None or getattr(session.args, "run", None) == _login:
         return ""
     if status == 401:

@@ -45,7 +45,7 @@ from trainyard.cli_config import (
     read,
 )
 from trainyard.cli_render import short
-from trainyard.client import TrainyardClient, TrainyardError, token_problem
+from trainyard.client import TrainyardClient, TrainyardError, token_problem, unreached
 
 
 class Exit(IntEnum):
@@ -355,6 +355,10 @@ class Session:
     make: Callable[[str, str], TrainyardClient]
     """How a client is made (``cli.TrainyardClient``, replaced in tests)."""
     clients: dict[str, TrainyardClient] = field(default_factory=dict)
+    origins: dict[str, str] = field(default_factory=dict)
+    """The URL of each client made, and what to say when it does not answer: where it came
+    from (an option, a variable, a context, the default) and what to change
+    (``unreachable``)."""
 
     @property
     def as_json(self) -> bool:
@@ -434,13 +438,16 @@ class Session:
         return None
 
     def unreachable(self, said: str) -> str | None:
-        """What to add when the submission API did not answer (``said``: the error): where
-        its URL came from and what to do; None for another service's URL."""
-        url = self.url
-        if not said.startswith(f"cannot reach {url}"):
-            return None
+        """What to add when an API did not answer (``said``: the error, ``cannot reach URL:
+        ...``, perhaps after the service's name): where the URL of the client that asked
+        came from and what to change (``origins``); None when ``said`` names none of them."""
+        # ": " after it: a URL that begins another (http://h/ of http://h/api/) is not it.
+        return next((h for url, h in self.origins.items() if f"{unreached(url)}: " in said), None)
+
+    def _submission_hint(self) -> str:
+        """What to say when the submission API's URL (``url``) did not answer."""
         if getattr(self.args, "url", None):
-            return None  # given on this very command line
+            return "that is the URL from --url: is the API up there?"
         if self.settings.url:
             return "that is the URL from TRAINYARD_URL: is the API up there?"
         ctx = self.context()
@@ -485,15 +492,19 @@ class Session:
     def client(self) -> TrainyardClient:
         """The submission API's client (made once)."""
         if "submission" not in self.clients:
-            self.clients["submission"] = self.make(self.url, self.token)
+            url = self.url
+            self.clients["submission"] = self.make(url, self.token)
+            self.origins.setdefault(url, self._submission_hint())
         return self.clients["submission"]
 
     def service(self, name: str) -> TrainyardClient:
         """The client of another service's API (``registry``, ``billing``, ``scheduler``)."""
         if name not in self.clients:
             given = getattr(self.settings, f"{name}_url")
+            variable = f"TRAINYARD_{name.upper()}_URL"
             if given:
-                url = checked_url(given, f"from TRAINYARD_{name.upper()}_URL")
+                url = checked_url(given, f"from {variable}")
+                hint = f"that is the {name} URL from {variable}: is the {name} API up there?"
             else:
                 ctx = self.context()
                 stored = ctx and getattr(ctx, f"{name}_url")
@@ -503,9 +514,16 @@ class Session:
                         f"set TRAINYARD_{name.upper()}_URL or "
                         f"trainyard login URL --{name}-url {name.upper()}_URL",
                     )
-                where = f"--{name}-url of context {self._context_name()!r}"
-                url = checked_url(stored, where)
+                context = self._context_name()
+                url = checked_url(stored, f"--{name}-url of context {context!r}")
+                hint = (
+                    f"that is the {name} URL of context {context!r} (login --{name}-url): "
+                    f"is the {name} API up there? (dev.py up takes new ports at each start: "
+                    f"log in again with the URLs it prints, trainyard login URL --name "
+                    f"{context} --{name}-url {name.upper()}_URL)"
+                )
             self.clients[name] = self.make(url, self.token)
+            self.origins.setdefault(url, hint)
         return self.clients[name]
 
     def close(self) -> None:

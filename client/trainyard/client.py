@@ -545,10 +545,17 @@ class TrainyardClient:
         try:
             response = self._http.request(method, path, headers=inject(headers), **kwargs)
         except httpx.HTTPError as exc:
-            raise TrainyardError(0, f"cannot reach {self._http.base_url}: {exc}") from exc
+            raise TrainyardError(0, f"{unreached(str(self._http.base_url))}: {exc}") from exc
         if response.is_success:
             return response
         raise refusal(response)
+
+
+def unreached(base_url: str) -> str:
+    """How the error of a client of ``base_url`` that got no answer begins: ``cannot reach``
+    and the URL as httpx writes a base URL (host in lower case, a trailing slash), so that a
+    caller that made several clients tells by it which one it was."""
+    return f"cannot reach {httpx.URL(base_url.rstrip('/') + '/')}"
 
 
 def client_version() -> str | None:

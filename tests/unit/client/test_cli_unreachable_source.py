@@ -70,3 +70,64 @@ def test_a_url_from_the_environment_is_named_as_such(
     assert capsys.readouterr().err.splitlines()[1] == (
         "trainyard: error: that is the URL from TRAINYARD_URL: is the API up there?"
     )
+
+
+def test_a_url_from_the_option_is_named_as_such(
+    state: dict[str, object], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It said nothing of a URL given by --url: the option is named, like the others."""
+    monkeypatch.setenv("TRAINYARD_TOKEN", "ty_a")
+    assert cli.main(["--url", "http://127.0.0.1:3", "ls"]) == 5
+    assert capsys.readouterr().err.splitlines()[1] == (
+        "trainyard: error: that is the URL from --url: is the API up there?"
+    )
+
+
+def test_another_service_s_url_from_the_environment_is_named(
+    state: dict[str, object], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Billing, the registry and the scheduler have URLs of their own: one that did not
+    answer was said with no word of where it came from."""
+    monkeypatch.setenv("TRAINYARD_TOKEN", "ty_a")
+    monkeypatch.setenv("TRAINYARD_BILLING_URL", "http://127.0.0.1:4")
+    assert cli.main(["cost"]) == 5
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith("trainyard: error: billing: cannot reach http://127.0.0.1:4/: ")
+    assert lines[1] == (
+        "trainyard: error: that is the billing URL from TRAINYARD_BILLING_URL: is the billing "
+        "API up there?"
+    )
+
+
+def test_another_service_s_url_of_a_context_says_how_to_log_in_again(
+    state: dict[str, object], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("TRAINYARD_REGISTRY_URL", raising=False)
+    config = state["config"]
+    assert isinstance(config, Path)
+    config.write_text(
+        '{"current": "local", "contexts": {"local": {"url": "http://127.0.0.1:1", '
+        '"token": "ty_a", "registry_url": "http://127.0.0.1:5"}}}\n'
+    )
+    config.chmod(0o600)
+    assert cli.main(["model", "ls"]) == 5
+    lines = capsys.readouterr().err.splitlines()
+    assert "cannot reach http://127.0.0.1:5/: " in lines[0]
+    assert lines[1] == (
+        "trainyard: error: that is the registry URL of context 'local' (login --registry-url): "
+        "is the registry API up there? (dev.py up takes new ports at each start: log in again "
+        "with the URLs it prints, trainyard login URL --name local --registry-url REGISTRY_URL)"
+    )
+
+
+def test_a_submission_api_asked_for_another_service_s_command_is_named(
+    state: dict[str, object], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`waste --job` asks the submission API which job JOB is, then billing."""
+    monkeypatch.setenv("TRAINYARD_TOKEN", "ty_a")
+    monkeypatch.setenv("TRAINYARD_URL", "http://127.0.0.1:2")
+    monkeypatch.setenv("TRAINYARD_BILLING_URL", "http://127.0.0.1:4")
+    assert cli.main(["waste", "--job", "abc1"]) == 5
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith("trainyard: error: submission: cannot reach http://127.0.0.1:2/")
+    assert lines[1] == "trainyard: error: that is the URL from TRAINYARD_URL: is the API up there?"
