@@ -33,6 +33,7 @@ from typing import IO, Any
 import jsonschema
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+from yaml.reader import ReaderError
 
 from trainyard.patterns import pattern_message
 from trainyard.secret_names import looks_secret
@@ -262,6 +263,8 @@ def _read_yaml(text: str, file: str) -> SpecFile:
             near, f"invalid YAML: {problem}", line, None if mark is None else mark.column + 1
         )
         raise SpecError(file, [issue]) from None
+    except ReaderError as exc:
+        raise SpecError(file, [_reader_issue(text, exc)]) from None
     except yaml.YAMLError as exc:
         raise SpecError(file, [SpecIssue("", f"invalid YAML: {exc}")]) from None
     if root is None:
@@ -334,6 +337,23 @@ def _integer(text: str) -> int | float:
         return int(text, 0) if text.startswith(("0o", "0x")) else int(text)
     except ValueError:
         return float(text)
+
+
+def _reader_issue(text: str, exc: ReaderError) -> SpecIssue:
+    """PyYAML's refusal of a character no YAML holds (a control character such as NUL, a
+    lone surrogate) at its line and column, named by its code point: PyYAML's own words
+    name the file ``"<unicode string>"`` and count the position from its start, on a
+    second line."""
+    at = min(exc.position, len(text))
+    line = text.count("\n", 0, at) + 1
+    code = ord(exc.character) if isinstance(exc.character, str) else exc.character
+    return SpecIssue(
+        _key_near(text, line),
+        f"invalid YAML: character U+{code:04X} is not allowed (YAML holds no control "
+        "characters but tab and line breaks)",
+        line,
+        at - text.rfind("\n", 0, at),
+    )
 
 
 def _key_near(text: str, line: int) -> str:

@@ -256,3 +256,20 @@ def test_a_spec_too_big_to_be_one_is_refused_unread(tmp_path: Path) -> None:
     if Path("/dev/zero").exists():
         with pytest.raises(SpecError, match="is over"):
             spec_module.load(Path("/dev/zero"))
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        (
+            GOOD + "hyperparameters:\n  note: a\x00b\n",
+            "job.yaml:8:10: note: invalid YAML: character U+0000 is not allowed",
+        ),
+        ("\x01name: x\n", "job.yaml:1:1: invalid YAML: character U+0001 is not allowed"),
+    ],
+)
+def test_a_control_character_in_yaml_is_named_at_its_line(text: str, says: str) -> None:
+    """PyYAML's words were two lines, the second naming `"<unicode string>", position 97`:
+    neither the file nor a line of it."""
+    (problem,) = _problems(text)
+    assert problem == says + " (YAML holds no control characters but tab and line breaks)"
