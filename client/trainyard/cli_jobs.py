@@ -564,13 +564,18 @@ def follow(session: Session, job_id: str, timeout_s: float) -> int:
         if output is not None:
             output.run(follow=True)  # the output's last chunks
     except KeyboardInterrupt:
-        raise CliError(
-            f"stopped following; the job goes on: trainyard attach {job_id}", Exit.INTERRUPTED
-        ) from None
+        raise _stopped("following", f"trainyard attach {job_id}") from None
     except TimeoutError as exc:
         raise _timed_out(exc, job_id) from None
     print(dumps(final) if session.as_json else "\n" + render_job(final))
     return ended(final)
+
+
+def _stopped(doing: str, again: str) -> CliError:
+    """Ctrl-C while a command follows or waits for a job (exit 130): only that stops, and
+    the job goes on, which ``interrupted`` alone (or nothing, as ``logs -f`` said) left the
+    user to guess; ``again``: the command that takes it up again."""
+    return CliError(f"stopped {doing}; the job goes on: {again}", Exit.INTERRUPTED)
 
 
 def _timed_out(exc: TimeoutError, job_id: str) -> CliError:
@@ -604,6 +609,8 @@ def wait(session: Session) -> int:
     job_id = resolve(client, session.args.job)
     try:
         final = client.wait(job_id, timeout_s=session.args.timeout)
+    except KeyboardInterrupt:
+        raise _stopped("waiting", f"trainyard wait {job_id}") from None
     except TimeoutError as exc:
         raise _timed_out(exc, job_id) from None
     session.emit(final, lambda: f"{final['id']}  {final['status']}{why(final)}")
@@ -715,7 +722,9 @@ def logs(session: Session) -> int:
     try:
         follower.run(follow=session.args.follow)
     except KeyboardInterrupt:
-        return Exit.INTERRUPTED  # quietly: the user asked to stop
+        if not session.args.follow:
+            raise
+        raise _stopped("following its output", f"trainyard logs {job_id} -f") from None
     if not follower.printed and not session.as_json:
         # Empty stdout alone cannot be told from a command that did nothing.
         note(

@@ -435,7 +435,7 @@ class TrainyardClient:
         try:
             response = self._http.request("HEAD", path, headers=inject(None))
         except httpx.HTTPError as exc:
-            raise TrainyardError(0, f"cannot reach {self._http.base_url}: {exc}") from exc
+            raise TrainyardError(0, f"{unreached(str(self._http.base_url))}: {exc}") from exc
         if response.status_code in (200, 404):
             return response.status_code == 200
         raise refusal(response)
