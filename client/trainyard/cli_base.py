@@ -492,14 +492,24 @@ class Session:
     def client(self) -> TrainyardClient:
         """The submission API's client (made once)."""
         if "submission" not in self.clients:
+            self._named_context()
             url = self.url
             self.clients["submission"] = self.make(url, self.token)
             self.origins.setdefault(url, self._submission_hint())
         return self.clients["submission"]
 
+    def _named_context(self) -> None:
+        """Refuse a context named by ``--context`` or ``TRAINYARD_CONTEXT`` that the config
+        file does not hold (``not_configured``) before any client is made, even where
+        options and variables give every URL and the token, so that the context is not
+        read: such a name was ignored without a word, and a typo in it went unnoticed."""
+        if getattr(self.args, "context", None) or self.settings.context:
+            self.context()
+
     def service(self, name: str) -> TrainyardClient:
         """The client of another service's API (``registry``, ``billing``, ``scheduler``)."""
         if name not in self.clients:
+            self._named_context()
             given = getattr(self.settings, f"{name}_url")
             variable = f"TRAINYARD_{name.upper()}_URL"
             if given:

@@ -378,3 +378,31 @@ def test_a_refused_token_is_named_by_where_it_came_from(
     # login says nothing of a context: the token refused is the one it was given.
     assert cli.main(["login", "http://a.test", "--token", "ty_xx"]) == 4
     assert "was refused" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("named_by", ["--context", "TRAINYARD_CONTEXT"])
+def test_a_context_named_but_not_stored_is_refused_though_the_environment_gives_the_rest(
+    config: Path,
+    api: Api,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    named_by: str,
+) -> None:
+    """With TRAINYARD_URL and TRAINYARD_TOKEN set, `--context nope` was ignored without a
+    word: the command went to the variables' server, the typo unnoticed."""
+    assert cli.main(["login", "http://a.test", "--token", "ty_a", "--name", "a"]) == 0
+    monkeypatch.setenv("TRAINYARD_URL", "http://b.test")
+    monkeypatch.setenv("TRAINYARD_TOKEN", "ty_b")
+    monkeypatch.setenv("TRAINYARD_BILLING_URL", "http://billing.test")
+    options = ["--context", "nope"] if named_by == "--context" else []
+    if named_by == "TRAINYARD_CONTEXT":
+        monkeypatch.setenv("TRAINYARD_CONTEXT", "nope")
+    capsys.readouterr()
+    api.clear()
+    for command in (["whoami"], ["cost"]):
+        assert cli.main([*command, *options]) == 7
+        assert capsys.readouterr().err == (
+            f"trainyard: error: no context 'nope' (named by {named_by}) (contexts: a): "
+            "trainyard login URL --name nope stores one (trainyard context ls lists them)\n"
+        )
+    assert list(api) == []
