@@ -8,6 +8,9 @@ Contract:
   reached raises ``TrainyardError`` with status 0. An error answer that is not a Trainyard
   API's JSON error (an HTML page, an empty body, JSON without a string ``detail``) names the
   request and what came back (``refusal``); the server's texts are made safe to print.
+  A server that takes a request and does not answer it in time raises status 0 too,
+  naming the request and the time waited, and for a request that changes something, that
+  it may have been done all the same.
 - A 2xx answer that is not what its route answers raises ``MalformedAnswer`` (a
   ``TrainyardError`` with the answer's status), naming the request and what was wrong: not
   JSON (or nested too deeply to read), a list where an object belongs, a key it lacks when the caller reads it (every JSON
@@ -544,11 +547,25 @@ class TrainyardClient:
         """The successful response to a request (``TrainyardError`` otherwise)."""
         try:
             response = self._http.request(method, path, headers=inject(headers), **kwargs)
+        except httpx.ReadTimeout as exc:
+            raise TrainyardError(0, self._unanswered(method, path, exc)) from exc
         except httpx.HTTPError as exc:
             raise TrainyardError(0, f"{unreached(str(self._http.base_url))}: {exc}") from exc
         if response.is_success:
             return response
         raise refusal(response)
+
+    def _unanswered(self, method: str, path: str, exc: httpx.ReadTimeout) -> str:
+        """A request the server took and did not answer in time (``exc``): said so, with
+        the time waited, where "timed out" alone read as a server never reached; and a
+        request that changes something may have changed it, so it is said to look before
+        repeating it (``submit`` again would make a second job)."""
+        waited = exc.request.extensions.get("timeout", {}).get("read")
+        said = f"{unreached(str(self._http.base_url))}: no answer to {method} {path} within "
+        said += "the time allowed" if waited is None else f"{waited:g} s"
+        if method in ("GET", "HEAD"):
+            return said
+        return f"{said}; the server may have done it all the same: look before you repeat it"
 
 
 def unreached(base_url: str) -> str:
