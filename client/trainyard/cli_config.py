@@ -11,9 +11,10 @@ Contract:
   in the same folder (created 0700), then renamed over the old one: never half written,
   never readable by others (a link to the file is followed: the file it names is
   replaced, the link kept). A file others may read is refused until it is 0600 again.
-- What a command uses, strongest first: ``--url``/``--token``/``--context``, then
-  ``TRAINYARD_URL``/``TRAINYARD_TOKEN``/``TRAINYARD_CONTEXT``, then the named or current
-  context, then ``http://127.0.0.1:8080`` without a token.
+- What a command uses, strongest first: ``--url``/``--token``, then
+  ``TRAINYARD_URL``/``TRAINYARD_TOKEN``, then the context ``--context`` names, else the
+  one ``TRAINYARD_CONTEXT`` names, else the current one, then ``http://127.0.0.1:8080``
+  without a token.
 - ``login`` checks the token (``GET /v1/me``) before it stores anything.
 """
 

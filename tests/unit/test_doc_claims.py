@@ -546,3 +546,12 @@ def test_every_file_the_user_documents_name_exists() -> None:
         if not any((base / name).exists() for base in bases)
     ]
     assert missing == []
+
+
+def test_the_cli_docs_put_the_environment_before_a_context_s_url_and_token() -> None:
+    """docs/cli.md ranked ``--context`` above ``TRAINYARD_URL``/``TRAINYARD_TOKEN``; the CLI
+    reads a context, whichever names it, only for what options and variables leave out
+    (``cli_base.Command.url`` and ``token``)."""
+    page = _text("docs/cli.md")
+    assert "Strongest first: `--url`, `--token`, `--context`;" not in page
+    assert "`--context prod` still calls that URL with that token" in page

@@ -118,6 +118,9 @@ def test_contexts_switch_and_the_environment_overrides(
     monkeypatch.setenv("TRAINYARD_TOKEN", "ty_b")
     assert cli.main(["whoami", "--json"]) == 0
     assert (api[-1].url.host, api[-1].headers["Authorization"]) == ("a.test", "Bearer ty_b")
+    # --context picks the context, which fills in only what the variables leave out.
+    assert cli.main(["whoami", "--json", "--context", "a"]) == 0
+    assert (api[-1].url.host, api[-1].headers["Authorization"]) == ("a.test", "Bearer ty_b")
     monkeypatch.delenv("TRAINYARD_TOKEN")
     # The context's token never goes to another server.
     assert cli.main(["whoami", "--json", "--url", "http://elsewhere.test"]) == 7
