@@ -286,6 +286,9 @@ class NodeAgent:
                     "removed %d files and IPC objects that earlier jobs left behind", removed
                 )
         remove_sandbox(self.settings.sandboxes_dir)
+        copies = checkpoints.remove_leftover_copies(self.settings.work_dir / "jobs")
+        if copies:
+            log.warning("removed %d checkpoint copies a previous runner left behind", copies)
         # After the kill: what an earlier runner's jobs left of their cgroups goes too.
         self._cgroups = NodeCgroups.detect(
             runner_folder(self.settings.node_id, self.settings.job_uids),

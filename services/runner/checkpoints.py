@@ -23,7 +23,9 @@ manifest, and removes the staged folder. The private file lies in ``scratch``, a
 the runner's on the disk its operator sized for jobs (the supervisor's ``jobs/<job>/``),
 never in the host's temporary folder: that may be memory (a ``tmpfs``, charged to the
 runner's own cgroup) or a container's writable layer (the node's root disk), and a
-checkpoint is up to ``max_bytes``.
+checkpoint is up to ``max_bytes``. A copy a runner that died left there (``COPY_PREFIX``)
+is removed by the next one before it accepts work (``remove_leftover_copies``): no upload
+is under way then, and nothing else would ever remove it.
 
 Size. A checkpoint's size is its apparent size (``st_size``), whatever the disk holds of
 it: a sparse file of 10 GiB written with one ``seek`` is 10 GiB read, hashed and uploaded.
@@ -63,6 +65,7 @@ Blocking store and file calls: run them through ``asyncio.to_thread``.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -174,6 +177,25 @@ def commit_staged(
         return ref
 
 
+COPY_PREFIX = "trainyard-commit-"
+"""The folders ``commit_staged`` makes in ``scratch`` for its private copy start so."""
+
+
+def remove_leftover_copies(jobs: Path) -> int:
+    """Remove the private copies (``COPY_PREFIX`` folders) a runner that died while it
+    uploaded left in the folders of ``jobs`` (the runner's ``jobs/<job>/``: its own, no job
+    writes there), then each folder they leave empty; returns how many it removed. Only
+    while no upload is under way: at the runner's start."""
+    removed = 0
+    for copy in jobs.glob(f"*/{COPY_PREFIX}*"):
+        if copy.is_dir() and not copy.is_symlink():
+            shutil.rmtree(copy, ignore_errors=True)
+            removed += 1
+            with contextlib.suppress(OSError):  # not empty: an attempt's log is there
+                copy.parent.rmdir()
+    return removed
+
+
 def _commit_staged(
     staging: Path,
     step: int,
@@ -210,7 +232,7 @@ def _commit_staged(
     manifest_key = f"{target}/{MANIFEST_NAME}"
     if scratch is not None:
         scratch.mkdir(mode=0o700, parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="trainyard-commit-", dir=scratch) as private:
+    with tempfile.TemporaryDirectory(prefix=COPY_PREFIX, dir=scratch) as private:
         copy = Path(private) / OBJECT_NAME
         size, digest = _copy_confined(
             staging, folder / inside, copy, manifest.size_bytes, max_bytes

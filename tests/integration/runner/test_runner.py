@@ -670,6 +670,27 @@ async def test_the_runners_copy_of_a_checkpoint_lies_in_its_work_folder(
     assert not any(copy.exists() for copy in copies), "the copy is removed once uploaded"
 
 
+async def test_a_restarted_runner_removes_the_checkpoint_copies_its_predecessor_left(
+    settings: Settings, start_runner: StartRunner
+) -> None:
+    """A runner that dies while it uploads (SIGKILL, OOM, power) leaves its private copy
+    of the checkpoint in ``jobs/<job>/``, on the disk sized for jobs: up to
+    ``max_checkpoint_bytes`` each, never removed by anything else. The next runner removes
+    it before it accepts work, and keeps the logs beside it."""
+    jobs = settings.work_dir / "jobs"
+    alone = jobs / "job-crashed" / f"{checkpoints.COPY_PREFIX}abc123"
+    beside_a_log = jobs / "job-with-log" / f"{checkpoints.COPY_PREFIX}def456"
+    for copy in (alone, beside_a_log):
+        copy.mkdir(parents=True)
+        (copy / checkpoints.OBJECT_NAME).write_bytes(b"x" * 4096)
+    log_file = beside_a_log.parent / "alloc-1.log"
+    log_file.write_text("a line\n")
+    await start_runner(settings)
+    assert not alone.parent.exists(), "the copy (and its emptied folder) is removed"
+    assert not beside_a_log.exists(), "the copy is removed"
+    assert log_file.read_text() == "a line\n", "what else is there stays"
+
+
 async def test_output_without_end_is_cut_at_the_nodes_limit(
     settings: Settings, start_runner: StartRunner, bus: Bus, events: EventLog, tmp_path: Path
 ) -> None:
