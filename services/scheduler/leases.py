@@ -2,9 +2,11 @@
 
 Contract:
 - ``end_gang`` releases every live allocation of a job (one per node of its gang) and their
-  leases, says ``AllocationReleased`` for each (billing), charges the GPU-seconds to the
-  team's fair-share usage (decayed to now with the half-life, then added), and moves the
-  job on (requeued, finished, failed or cancelled) as ``domain.allocation_ended`` decides.
+  leases, says ``AllocationReleased`` for each (billing; every one with ``platform_failure``
+  when the reporting runner said the attempt failed through the platform, so that no member
+  of a gang is its team's to pay), charges the GPU-seconds to the team's fair-share usage
+  (decayed to now with the half-life, then added), and moves the job on (requeued,
+  finished, failed or cancelled) as ``domain.allocation_ended`` decides.
   Members of the gang other than the one that reported are told to stop
   (``AllocationRevoked(reason="fenced")``) unless the job succeeded. It is ``plan_end``
   (decide and build the events, no I/O) then ``apply_endings``, which writes any number of
@@ -154,6 +156,9 @@ def plan_end(
     releases: list[tuple[str, datetime, Outcome]] = []
     events: list[Traced] = []
     gpu_seconds = 0.0
+    # The reporter's platform failure ends the whole attempt: every member released for it
+    # is the platform's to pay, not only the reporter's (billing cannot tell the others).
+    through_platform = kind == "failed" and failed is not None and failed.failure_kind == PLATFORM
     for allocation in allocations:
         released_at = release_time(reported_at, allocation.granted_at, now)
         releases.append((allocation.allocation_id, released_at, decision.outcome))
@@ -170,6 +175,7 @@ def plan_end(
             granted_at=allocation.granted_at,
             released_at=released_at,
             outcome=decision.outcome,
+            platform_failure=through_platform,
         )
         events.append(traced(released, job.job_id))
         if allocation.allocation_id != reporter and kind != "succeeded":

@@ -376,6 +376,13 @@ class AllocationReleased(Payload):
     granted_at: Instant
     released_at: Instant
     outcome: Literal["succeeded", "failed", "cancelled", "preempted", "lost"]
+    platform_failure: bool = False
+    """The attempt this allocation belonged to failed through the platform: the runner of
+    one of its members (this one's or, in a gang, another's) reported ``platform_error``
+    and the scheduler released every member for it. Its team pays nothing for the
+    allocation. False says nothing more: billing still charges an allocation to the
+    platform when its own runner reported ``platform_error`` (the field is absent from a
+    scheduler older than it)."""
 
 
 class JobPending(Payload):

@@ -390,6 +390,42 @@ def test_a_platform_failure_requeues_saying_so_without_using_a_restart() -> None
     assert decision.reason is not None and "(platform retry 1 of 3;" in decision.reason
 
 
+@pytest.mark.parametrize("platform_retries", [0, TUNING.platform_retries])
+def test_a_platform_failure_is_said_on_every_member_s_release(platform_retries: int) -> None:
+    """One runner's ``platform_error`` ends the whole attempt, retried or final: the fenced
+    member's release says it too, so billing charges neither to the team."""
+    ending = plan(
+        job(platform_retries=platform_retries),
+        "failed",
+        reported_s=90,
+        now_s=100,
+        reporter=B.allocation_id,
+        failed=failed_report("platform_error", finished_s=95),
+    )
+    released = [p for p in payloads(ending) if isinstance(p, AllocationReleased)]
+    assert [(r.allocation_id, r.platform_failure) for r in released] == [
+        (A.allocation_id, True),
+        (B.allocation_id, True),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("kind", "report"),
+    [
+        ("failed", failed_report("user_error")),
+        ("failed", failed_report("out_of_memory")),
+        ("failed", None),
+        ("lost", None),
+        ("preempted", None),
+        ("succeeded", None),
+    ],
+)
+def test_no_other_ending_says_a_platform_failure(kind: Any, report: JobFailed | None) -> None:
+    ending = plan(job(), kind, reported_s=90, now_s=100, reporter=B.allocation_id, failed=report)
+    released = [p for p in payloads(ending) if isinstance(p, AllocationReleased)]
+    assert len(released) == 2 and not any(r.platform_failure for r in released)
+
+
 def test_a_fence_revocation_is_one_event_per_allocation_and_node() -> None:
     envelope, _ = fence_revocation(A, "node-z", 2.5)
     assert envelope.id == f"fence:{A.allocation_id}:node-z"
