@@ -26,7 +26,10 @@ An attempt that failed through the platform (the runner's ``JobFailed`` with
 the release comes first: a release after the report makes a bill with no charge
 (``charged_to`` ``platform``); a report after the release reverses the team's charges
 (``on_platform_failure``). Both lock the announced allocation's row first, so concurrent
-replicas see each other's.
+replicas see each other's. A release that says so itself (``platform_failure``: the
+scheduler released the attempt for a member's platform failure) makes a bill with no charge
+whatever its runner reports: so every member of a gang is the platform's, not only the one
+whose runner reported the failure (the others' runners were only fenced).
 
 A runner's end report and checkpoint count only as their allocation's own (its job, node
 and epoch: ``not_its_own``, ``waste_rollups.OWN_REPORT``), as the scheduler fences them:
@@ -238,7 +241,9 @@ class BillingHandlers:
         except (UnknownFlavor, ValueError) as exc:
             raise Reject(str(exc)) from exc
         usage = Usage.from_segments(released, segments, grant["cpus"], grant["memory_gib"])
-        if await repo.platform_failed(conn, usage.allocation_id):
+        # The scheduler's word that the attempt failed through the platform covers every
+        # member of a gang; the allocation's own runner's report covers it alone.
+        if released.platform_failure or await repo.platform_failed(conn, usage.allocation_id):
             usage = replace(usage, charged_to="platform")
         now = self._clock()
         if not await repo.insert_usage(conn, usage, event_id, now):

@@ -106,7 +106,9 @@ class Allocation:
     data_wait_fraction: Decimal | None = None
     last_checkpoint: datetime | None = None
     failure_kind: str | None = None
-    """The runner's ``failure_kind`` of a failed attempt (None: none reported)."""
+    """The runner's ``failure_kind`` of a failed attempt (None: none reported);
+    ``platform_error`` too for one charged to the platform whatever its runner reported (a
+    gang's member released for another member's platform failure)."""
 
 
 @dataclass(frozen=True)

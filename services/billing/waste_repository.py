@@ -391,8 +391,8 @@ _ALLOCATIONS = f"""
 SELECT a.allocation_id, a.job_id, a.team, a.project, a.user_name, a.queue, a.gpu_flavor,
        a.gpus, a.granted_at, a.attempt, u.ended_at, u.outcome,
        coalesce(g.priority, j.priority) AS priority,
-       r.gpu_utilization_mean, r.data_wait_fraction_mean, r.failure_kind,
-       {rollups.LAST_CHECKPOINT} AS last_checkpoint
+       r.gpu_utilization_mean, r.data_wait_fraction_mean,
+       {rollups.FAILURE_KIND} AS failure_kind, {rollups.LAST_CHECKPOINT} AS last_checkpoint
 FROM announced_allocations a
 LEFT JOIN usage_ledger u USING (allocation_id)
 LEFT JOIN waste_grants g USING (allocation_id)

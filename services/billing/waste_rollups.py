@@ -151,6 +151,13 @@ OWN_REPORT = """r.allocation_id = a.allocation_id AND r.job_id = a.job_id
 it was granted on, at its epoch (as the scheduler fences a runner's reports). Any other
 report, however it came, measures nothing."""
 
+FAILURE_KIND = """CASE WHEN u.charged_to = 'platform' THEN 'platform_error'
+    ELSE r.failure_kind END"""
+"""The ``failure_kind`` of allocation ``a`` (``u``: its bill; ``r``: its own run report):
+``platform_error`` for one charged to the platform (its own runner said so, or the scheduler
+released its whole attempt, a gang's every member, for a member's platform failure), else
+what its own runner reported: its time is the platform's in the waste report as in its bill."""
+
 LAST_CHECKPOINT = """(SELECT max(c.saved_at) FROM waste_checkpoints c
     JOIN announced_allocations ca ON ca.allocation_id = c.allocation_id
     WHERE c.job_id = a.job_id AND ca.job_id = a.job_id AND c.epoch = coalesce(ca.epoch, -1)
@@ -164,7 +171,7 @@ by an older attempt's runner saves nothing of it."""
 _ALLOCATIONS = f"""
 SELECT a.allocation_id, a.job_id, a.team, a.project, a.user_name, a.queue, a.gpu_flavor,
        a.gpus, a.granted_at, a.attempt, u.ended_at, u.outcome, NULL AS priority,
-       r.gpu_utilization_mean, r.data_wait_fraction_mean, r.failure_kind,
+       r.gpu_utilization_mean, r.data_wait_fraction_mean, {FAILURE_KIND} AS failure_kind,
        {LAST_CHECKPOINT} AS last_checkpoint
 FROM announced_allocations a
 JOIN usage_ledger u USING (allocation_id)
