@@ -5,5 +5,6 @@ GPU-seconds (GPUs x lease duration) x the flavor's price per GPU-hour, in exact 
 attributed to job, user and team. It says ``cost.recorded`` once per allocation; a
 redelivered or repeated release never bills twice (the ledger is keyed by allocation id).
 An attempt whose runner said it failed through the platform is charged to the platform,
-not the team (``handlers``).
+not the team, every member of a gang included (the scheduler's release says so:
+``platform_failure``; ``handlers``).
 """
