@@ -44,6 +44,7 @@ from trainyard_platform.services.runner import (
     checkpoints,
     disk_watch,
     domain,
+    orphans,
     usage_metrics,
 )
 from trainyard_platform.services.runner.domain import (
@@ -264,6 +265,10 @@ class JobRun:
                     self._sandbox.rank_output, len(self._ranks), self._sandbox.user
                 )
             self._server = await self._open_control_socket()
+            if not self._sandbox.user.isolated:
+                # What the job moves out of its group is re-parented here, not to init, to
+                # be killed at its end (``orphans``).
+                orphans.become_subreaper()
             self._process = await JobProcess.start(
                 argv,
                 cwd=self._sandbox.code,
@@ -385,6 +390,22 @@ class JobRun:
         if uid is not None:
             kill_leftovers(range(uid, uid + 1), [])
 
+    async def _kill_orphans(self) -> None:
+        """Without a uid of its own, what the job started outside its group (re-parented
+        to the runner, ``orphans``) is killed and reaped."""
+        try:
+            killed = await asyncio.to_thread(orphans.kill_orphans, self.job.allocation_id)
+        except OSError:
+            log.exception("job %s: its leftover processes could not be killed", self.job.job_id)
+            return
+        if killed:
+            log.info(
+                "job %s allocation %s: killed %d processes it left outside its group",
+                self.job.job_id,
+                self.job.allocation_id,
+                killed,
+            )
+
     async def supervise(self, max_runtime_s: int, kill_grace_s: float) -> domain.Outcome:
         """Run until the job has exited and its terminal event is published."""
         process = self._process
@@ -428,6 +449,8 @@ class JobRun:
             if self._sandbox.user.uid is not None:
                 uid = self._sandbox.user.uid
                 await asyncio.to_thread(remove_leftovers_of, range(uid, uid + 1))
+            else:
+                await self._kill_orphans()
             if pipes is not None:
                 pipes.release()  # each rank's pipe ends once the job's processes are gone
             done, stuck = await asyncio.wait(readers, timeout=_PIPE_DRAIN_S)
