@@ -262,9 +262,10 @@ class NodeAgent:
                 "the runner is not root: jobs run as its own user (no isolation by user); "
                 "start it as root to run each job as an unprivileged user of its own"
             )
+        unfinished = self._ledger.unfinished()
         groups = [
             ProcessGroupRecord(e.process_group, e.process_started or 0)
-            for e in self._ledger.unfinished()
+            for e in unfinished
             if e.process_group is not None
         ]
         loopback = self.settings.job_network == "loopback"
@@ -276,7 +277,7 @@ class NodeAgent:
                 "TRAINYARD_RUNNER_JOB_NETWORK=host says this is intended"
             )
         uids = self.job_uids
-        killed = kill_leftovers(uids, groups)
+        killed = kill_leftovers(uids, groups, [e.allocation_id for e in unfinished])
         if killed:
             log.warning("killed %d job processes a previous runner left behind", killed)
         if uids is not None:

@@ -88,13 +88,20 @@ def children_of(parent: int, proc: Path = Path("/proc")) -> list[Child]:
     return found
 
 
-def carries(pid: int, marker: bytes) -> bool:
-    """Whether the environment ``pid`` started with holds ``marker`` (``NAME=value``)."""
+def marker(allocation_id: str) -> bytes:
+    """The variable every process of the allocation's job has in its environment."""
+    return f"{ENV_ALLOCATION_ID}={allocation_id}".encode()
+
+
+def carries(pid: int, markers: frozenset[bytes]) -> bool:
+    """Whether the environment ``pid`` started with holds one of ``markers`` (``marker``)."""
+    if not markers:
+        return False
     try:
         environ = Path(f"/proc/{pid}/environ").read_bytes()
     except OSError:
         return False
-    return marker in environ.split(b"\0")
+    return not markers.isdisjoint(environ.split(b"\0"))
 
 
 def kill_orphans(allocation_id: str, limit_s: float = SWEEP_LIMIT_S) -> int:
@@ -102,7 +109,7 @@ def kill_orphans(allocation_id: str, limit_s: float = SWEEP_LIMIT_S) -> int:
     module docstring), and reap its orphans that exited; returns how many it killed."""
     me = os.getpid()
     session = os.getsid(0)
-    marker = f"{ENV_ALLOCATION_ID}={allocation_id}".encode()
+    markers = frozenset({marker(allocation_id)})
     killing: set[int] = set()
     """Killed and not yet reaped (a reaped pid may be reused at once)."""
     killed = 0
@@ -118,7 +125,7 @@ def kill_orphans(allocation_id: str, limit_s: float = SWEEP_LIMIT_S) -> int:
                 if mine:
                     killing.discard(child.pid)
                     again = True  # what it left was re-parented here first: look again
-            elif mine or carries(child.pid, marker):
+            elif mine or carries(child.pid, markers):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(child.pid, signal.SIGKILL)
                 killed += not mine

@@ -61,7 +61,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainyard_platform.services.runner import as_uid
+from trainyard_platform.services.runner import as_uid, orphans
 from trainyard_platform.services.runner.cgroups import JobCgroup
 from trainyard_platform.services.runner.checkpoints import file_sha256
 from trainyard_platform.services.runner.git_faults import (
@@ -768,11 +768,16 @@ def process_uids(pid: int) -> set[int] | None:
     return None
 
 
-def leftover_processes(uids: range | None, groups: list[ProcessGroupRecord]) -> list[int]:
+def leftover_processes(
+    uids: range | None, groups: list[ProcessGroupRecord], allocations: Sequence[str] = ()
+) -> list[int]:
     """Pids of processes earlier incarnations of this runner left: any process with any of
-    its uids (real, effective, saved) in ``uids`` (jobs run as their own users), and any
-    process of a recorded group that started no earlier than the group's leader."""
+    its uids (real, effective, saved) in ``uids`` (jobs run as their own users), any
+    process of a recorded group that started no earlier than the group's leader, and any
+    process whose environment holds the allocation id of one of ``allocations``
+    (``orphans.carries``: what a job without a uid of its own moved out of its group)."""
     wanted = {g.pgid: g.started for g in groups}
+    markers = frozenset(orphans.marker(allocation) for allocation in allocations)
     found: list[int] = []
     proc = Path("/proc")
     if not proc.is_dir():
@@ -792,7 +797,7 @@ def leftover_processes(uids: range | None, groups: list[ProcessGroupRecord]) -> 
         if fields is None:
             continue
         pgid, started = int(fields[2]), int(fields[19])
-        if pgid in wanted and started >= wanted[pgid]:
+        if (pgid in wanted and started >= wanted[pgid]) or orphans.carries(pid, markers):
             found.append(pid)
     return found
 
@@ -859,13 +864,15 @@ def _act_as_one(uid: int, action: Callable[[], None]) -> None:
         )
 
 
-def kill_leftovers(uids: range | None, groups: list[ProcessGroupRecord]) -> int:
+def kill_leftovers(
+    uids: range | None, groups: list[ProcessGroupRecord], allocations: Sequence[str] = ()
+) -> int:
     """SIGKILL every process of ``uids`` (``kill_user``, when this process may switch
     users) and every process ``leftover_processes`` finds; returns how many it found."""
     if uids is not None and can_switch_users():
         kill_users(uids)
     killed = 0
-    for pid in leftover_processes(uids, groups):
+    for pid in leftover_processes(uids, groups, allocations):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
             killed += 1

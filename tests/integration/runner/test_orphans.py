@@ -1,5 +1,6 @@
 """A runner that is not root (jobs without a uid or a cgroup of their own) kills what a job
-left running in a session of its own when the job ends, and only that job's."""
+left running in a session of its own when the job ends, and only that job's; a restarted
+runner kills what the jobs its predecessor lost left."""
 
 from __future__ import annotations
 
@@ -7,15 +8,18 @@ import asyncio
 import contextlib
 import os
 import signal
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
 from tests.integration.runner.conftest import EventLog, StartRunner, grant, publish, upload_bundle
-from trainyard_platform.services.runner import agent, sandbox
+from trainyard_platform.services.runner import agent, domain, sandbox
 from trainyard_platform.services.runner.cgroups import NodeCgroups
 from trainyard_platform.services.runner.config import Settings
+from trainyard_platform.services.runner.ledger import Ledger, safe_file_name
 from trainyard_platform.shared.bus import Bus
 from trainyard_platform.shared.events.payloads import JobSucceeded
 from trainyard_platform.shared.storage import open_store
@@ -152,3 +156,34 @@ async def test_a_child_in_a_session_of_its_own_dies_with_its_job_and_not_with_an
             if running(pid):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
+
+
+def sleeper(allocation_id: str) -> subprocess.Popen[bytes]:
+    """A process in a session of its own with ``allocation_id`` in its environment."""
+    return subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(600)"],
+        env={**os.environ, "TRAINYARD_ALLOCATION_ID": allocation_id},
+        start_new_session=True,
+    )
+
+
+@pytest.mark.usefixtures("runner_not_root")
+async def test_a_restarted_runner_kills_what_a_lost_job_left_outside_its_group(
+    settings: Settings, start_runner: StartRunner
+) -> None:
+    """A runner died while its job ran: the job's child in a session of its own was
+    re-parented to init and found by no later runner, which killed only the recorded
+    process groups. The next runner kills it before it accepts work, by the allocation id
+    in its environment."""
+    ledger = Ledger(settings.work_dir / "ledger" / safe_file_name(settings.node_id))
+    lost = domain.JobIdentity("job-lost", "alloc-lost", settings.node_id, 2, 1)
+    ledger.launched(lost, {})
+    left, other = sleeper("alloc-lost"), sleeper("alloc-other")
+    try:
+        await start_runner(settings)  # recovered (and killed) before it returns
+        assert await asyncio.to_thread(left.wait, DEADLINE_S) == -signal.SIGKILL
+        assert other.poll() is None, "a process of an allocation not in the ledger was killed"
+    finally:
+        for process in (left, other):
+            process.kill()
+            process.wait()

@@ -599,7 +599,7 @@ def test_a_runners_uids_are_acted_as_by_one_helper_not_a_fork_of_the_runner_each
     # uid (a job's end) is still a child of the runner's: the helper's start costs more.
     calls: list[list[str]] = []
     monkeypatch.setattr(sandbox, "can_switch_users", lambda: True)
-    monkeypatch.setattr(sandbox, "leftover_processes", lambda uids, groups: [])
+    monkeypatch.setattr(sandbox, "leftover_processes", lambda uids, groups, allocations=(): [])
     monkeypatch.setattr(sandbox.subprocess, "run", lambda args, **kwargs: calls.append(list(args)))
     uids = range(291_000, 291_064)
     sandbox.kill_leftovers(uids, [])
@@ -618,7 +618,7 @@ def test_what_runs_as_a_job_uid_for_the_runner_gets_none_of_its_environment(
     # (/proc/<pid>/environ), and the runner's holds its credentials.
     environments: list[object] = []
     monkeypatch.setattr(sandbox, "can_switch_users", lambda: True)
-    monkeypatch.setattr(sandbox, "leftover_processes", lambda uids, groups: [])
+    monkeypatch.setattr(sandbox, "leftover_processes", lambda uids, groups, allocations=(): [])
     monkeypatch.setattr(
         sandbox.subprocess, "run", lambda args, **kwargs: environments.append(kwargs.get("env"))
     )
