@@ -44,8 +44,9 @@ Contract:
   (``cancelled`` too). A revocation of an allocation this node never ran ends it with
   ``job.preempted`` so the scheduler is not left waiting, and a later grant for it is ignored.
 - ``recover`` (at start, before any grant is accepted) first SIGKILLs whatever job processes
-  a previous runner process left (every process of this node's job uids, and the recorded
-  process groups of unfinished allocations) and removes their sandboxes, then publishes what
+  a previous runner process left (every process of this node's job uids, the recorded
+  process groups of unfinished allocations, and every process whose environment holds the
+  id of one of them: ``orphans``) and removes their sandboxes, then publishes what
   that runner left unsaid: stored terminal events, and ``job.preempted`` for jobs whose
   process died with it.
 - Each job runs in a fresh sandbox (``sandbox``) as a uid of its own slot, in a cgroup of

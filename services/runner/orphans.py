@@ -16,18 +16,22 @@ Contract:
   killed by the next pass, until a pass finds nothing left (or a bound of
   ``SWEEP_LIMIT_S``). Several jobs at once: each has its own allocation id, so one job's
   end never kills another's processes, nor anything of the runner's or its host's.
-- It reaps (``waitpid`` of that pid, never of any child) what it killed, and every child
+- It reaps (``waitpid`` of each pid, never of any child at all) what it killed, and every child
   that exited and that no code of this process waits for: a zombie whose session is
   neither this process's (the children the runner starts without a session of their own)
   nor its own (the jobs and what runs as a job, ``sandbox.AsJob``, which lead one), so an
   orphan that exited by itself does not stay a zombie of the runner.
+- A runner that restarts after it died kills, before it accepts work, every process that
+  carries the marker of an allocation its ledger has unfinished
+  (``sandbox.kill_leftovers``): what those jobs left was re-parented to init (or to a
+  subreaper above the runner) when the runner died.
 - Not covered: an orphan that replaced its environment (``env -i``, ``execve`` with another
   one) or made itself non-dumpable (its environment then unreadable) is not recognised and
-  runs on; an orphan that leads a session of its own and exits by itself while its job
-  still runs stays a zombie of the runner (it cannot be told from a job's main process
-  its waiter is about to reap); orphans alive when the runner dies go to init, and a
-  restarted runner does not find them (``sandbox.kill_leftovers`` finds only the process
-  groups the ledger recorded).
+  runs on, at its job's end as after a restart; an orphan that leads a session of its own
+  and exits by itself while its job still runs stays a zombie of the runner (it cannot be
+  told from a job's main process or ``sandbox.AsJob``'s, which their waiters are about to
+  reap); a job whose allocation the ledger has finished is not looked for by a restarted
+  runner.
 
 Blocking: call ``kill_orphans`` through ``asyncio.to_thread``.
 """

@@ -17,7 +17,8 @@ Contract:
   ignores SIGTERM. It loses at most its last checkpoint interval; anything it spawned that
   escaped the group is killed by the next runner before it accepts work
   (``sandbox.kill_leftovers``: every process of the job uids; a runner that is not root,
-  whose jobs have no uid of their own, finds only the groups its ledger recorded).
+  whose jobs have no uid of their own, finds the groups its ledger recorded and the
+  processes whose environment holds an unfinished allocation's id, ``orphans``).
 - Under torchrun, every local rank writes its stdout and stderr to a named pipe of its own
   (``RankPipes``, ``launch.rank_argv``): on the one shared pipe, one rank's partial line
   (``print`` unbuffered writes its pieces one by one) would be spliced into another's, and

@@ -16,7 +16,8 @@ the job's process group; the earliest deadline wins, the first reason is kept. S
 job over its disk limit: its sandbox is measured every few seconds (``disk_watch``), and it
 fails as ``user_error`` naming the limit.
 
-When the job has exited: its group and every process of its uid are killed and its
+When the job has exited: its group and every process of its uid are killed (without a
+uid of its own: what it moved out of its group, re-parented to the runner, ``orphans``) and its
 uid's files in the folders every user may write to, its System V IPC objects, its
 POSIX message queues and its keyrings' keys (``sandbox.remove_leftovers_of``) are removed, its control connections are read to the end
 and every checkpoint it staged is uploaded, the held-back metric points and progress are sent, the log's last
