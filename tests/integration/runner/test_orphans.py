@@ -6,17 +6,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.integration.runner.conftest import EventLog, StartRunner, grant, publish, upload_bundle
-from trainyard_platform.services.runner import agent, domain, sandbox
+from trainyard_platform.services.runner import agent, domain, orphans, sandbox
 from trainyard_platform.services.runner.cgroups import NodeCgroups
 from trainyard_platform.services.runner.config import Settings
 from trainyard_platform.services.runner.ledger import Ledger, safe_file_name
@@ -60,11 +62,14 @@ DEADLINE_S = 30.0
 
 
 @pytest.fixture
-def runner_not_root(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Run the jobs as a runner that is not root does: as its own user, with no cgroup."""
+def runner_not_root(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Run the jobs as a runner that is not root does: as its own user, with no cgroup.
+    The test process stops being a subreaper after (later tests' orphans go to init)."""
     monkeypatch.setattr(sandbox, "can_switch_users", lambda: False)
     monkeypatch.setattr(agent, "can_switch_users", lambda: False)
     monkeypatch.setattr(NodeCgroups, "detect", staticmethod(lambda *args, **kwargs: None))
+    yield
+    ctypes.CDLL(None, use_errno=True).prctl(orphans.PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
 
 
 def running(pid: int) -> bool:
