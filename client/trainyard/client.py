@@ -102,13 +102,23 @@ class TrainyardError(Exception):
         super().__init__(str(self))
 
     def __str__(self) -> str:
-        """``STATUS detail (field: message; ...)``, each field error the detail does not
-        already say (a 409 for a name taken but for its case has its one field error as the
-        detail: ``shared.http_errors.NameTaken``)."""
-        head = f"{self.status} {self.message}" if self.status else self.message
-        said = (f"{e.get('field', '?')}: {e.get('message', '?')}" for e in self.errors)
-        fields = "; ".join(text for text in said if text not in self.message)
-        return f"{head} ({fields})" if fields else head
+        """``STATUS detail (field: message; ...)``, each reason said once: a field error
+        whose message the detail already holds (the same words, or the detail names the
+        field too: ``shared.http_errors.NameTaken``) is left out, and one whose message
+        holds the detail and says more (``X is in use by Y: nothing changed``) is said in
+        its place. Every command's refusal of an API reads this, so none says a reason
+        twice."""
+        detail, fields = self.message, []
+        for error in self.errors:
+            message = str(error.get("message", "?"))
+            if message and message in detail:
+                continue
+            if detail and detail in message and detail == self.message:
+                detail = message  # once only: another field error may hold the detail too
+                continue
+            fields.append(f"{error.get('field', '?')}: {message}")
+        head = f"{self.status} {detail}" if self.status else detail
+        return f"{head} ({'; '.join(fields)})" if fields else head
 
 
 class MalformedAnswer(TrainyardError):
