@@ -341,7 +341,9 @@ def _parser() -> argparse.ArgumentParser:
     command("schema", _schema, "print the JSON Schema of a job spec file")
     command("version", _version, "the client's version")
     completion = command("completion", _completion, "print a shell completion script")
-    completion.add_argument("shell", choices=("bash", "zsh", "tcsh"))
+    completion.add_argument(
+        "shell", metavar="SHELL", choices=("bash", "zsh", "tcsh"), help="bash, zsh or tcsh"
+    )
     cli_access.add_commands(commands, common)
     add_deadletter_commands(commands, common)
     _refuse_empty(parser)

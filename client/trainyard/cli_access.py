@@ -93,7 +93,9 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     show.add_argument("--team", help="another team (operators)")
     role = users.add_parser("role", parents=[common], help="give a user another role")
     role.add_argument("name", metavar="NAME")
-    role.add_argument("role", choices=ROLES)
+    role.add_argument(
+        "role", metavar="ROLE", choices=ROLES, help="the new role: " + ", ".join(ROLES)
+    )
     role.add_argument("--team", help="another team (operators)")
     add_if_match(role)
     disable = users.add_parser("disable", parents=[common], help="disable a user")

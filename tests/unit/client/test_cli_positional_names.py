@@ -19,7 +19,9 @@ def _positionals(
         if isinstance(action, argparse._SubParsersAction):
             for name, sub in action.choices.items():
                 yield from _positionals(sub, (*path, name))
-        elif not action.option_strings and action.dest != "help" and not action.choices:
+        elif not action.option_strings and action.dest != "help":
+            # One of fixed choices too: its usage shows them, but a missing one is named by
+            # its metavar, else its dest (`user role` said `NAME, role`).
             yield " ".join(path), str(action.metavar or action.dest)
 
 
@@ -36,6 +38,7 @@ def test_every_positional_argument_is_named_in_capitals() -> None:
         (["context", "use"], "CTX"),
         (["token", "revoke"], "ID"),
         (["deadletters", "show"], "SEQ"),
+        (["user", "role"], "NAME, ROLE"),
     ],
 )
 def test_a_missing_argument_is_named_as_the_docs_name_it(
