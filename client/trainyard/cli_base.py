@@ -420,10 +420,26 @@ class Session:
                 f"{_listed(own_urls(ctx))} only: "
                 f"trainyard login {self.url}, set TRAINYARD_TOKEN or pass --token",
             )
+        if ctx is None:
+            self._current_missing()
         raise not_configured(
             "no token" if ctx is not None else "no token (no context: not logged in)",
             "trainyard login URL, set TRAINYARD_TOKEN or pass --token",
         )
+
+    def _current_missing(self) -> None:
+        """Refuse a config file whose ``current`` names a context it does not hold (edited
+        by hand, or written by another version): said as such, with how to mend it, where
+        "no context: not logged in" sent a user who had logged in to log in again."""
+        config = read(self.config_path)
+        if config.current and config.current not in config.named():
+            known = ", ".join(sorted(config.named()))
+            store = f"trainyard login URL --name {config.current} stores it"
+            raise not_configured(
+                f"no token: the current context {config.current!r} of {self.config_path} "
+                f"does not exist (contexts: {known or 'none'})",
+                f"trainyard context use CTX picks one, or {store}" if known else store,
+            )
 
     def token_context(self) -> str | None:
         """The name of the context whose token ``token`` sends; None when ``--token`` or

@@ -409,3 +409,34 @@ def test_a_context_named_but_not_stored_is_refused_though_the_environment_gives_
             "trainyard login URL --name nope stores one (trainyard context ls lists them)\n"
         )
     assert list(api) == []
+
+
+@pytest.mark.parametrize(
+    ("contexts", "how"),
+    [
+        (
+            {"a": {"url": "http://a.test", "token": "ty_a"}},
+            "(contexts: a): trainyard context use CTX picks one, or trainyard login URL "
+            "--name gone stores it",
+        ),
+        ({}, "(contexts: none): trainyard login URL --name gone stores it"),
+    ],
+    ids=["others", "none"],
+)
+def test_a_current_context_the_config_lacks_is_said_so(
+    config: Path,
+    api: Api,
+    capsys: pytest.CaptureFixture[str],
+    contexts: dict[str, Any],
+    how: str,
+) -> None:
+    """It said `no token (no context: not logged in)`, to a user who had logged in: the
+    config file's `current` names a context it does not hold."""
+    config.parent.mkdir(parents=True)
+    config.write_text(json.dumps({"current": "gone", "contexts": contexts}))
+    config.chmod(0o600)
+    assert cli.main(["whoami"]) == 7
+    assert capsys.readouterr().err == (
+        f"trainyard: error: no token: the current context 'gone' of {config} does not exist {how}\n"
+    )
+    assert list(api) == []
