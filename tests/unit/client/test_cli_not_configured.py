@@ -55,7 +55,7 @@ VALUES = {
     "CTX": "cnn",
     "ID": "1",
     "TEXT": "a note",
-    "role": "member",
+    "ROLE": "member",
 }
 """A valid value of each positional argument, by metavar (else by name)."""
 
