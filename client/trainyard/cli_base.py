@@ -45,7 +45,13 @@ from trainyard.cli_config import (
     read,
 )
 from trainyard.cli_render import short
-from trainyard.client import TrainyardClient, TrainyardError, token_problem, unreached
+from trainyard.client import (
+    TrainyardClient,
+    TrainyardError,
+    token_problem,
+    unanswered,
+    unreached,
+)
 
 
 class Exit(IntEnum):
@@ -456,9 +462,20 @@ class Session:
     def unreachable(self, said: str) -> str | None:
         """What to add when an API did not answer (``said``: the error, ``cannot reach URL:
         ...``, perhaps after the service's name): where the URL of the client that asked
-        came from and what to change (``origins``); None when ``said`` names none of them."""
-        # ": " after it: a URL that begins another (http://h/ of http://h/api/) is not it.
-        return next((h for url, h in self.origins.items() if f"{unreached(url)}: " in said), None)
+        came from and what to change (``origins``); for a request a server there took and
+        did not answer in time (``no answer from URL to ...``), that the URL reaches a
+        server, which is slow or stuck, not that it may be down or elsewhere; None when
+        ``said`` names none of them."""
+        for url, hint in self.origins.items():
+            # ": " after it: a URL that begins another (http://h/ of http://h/api/) is not it.
+            if f"{unreached(url)}: " in said:
+                return hint
+            if f"{unanswered(url)} " in said:
+                return (
+                    "the URL reaches a server, which took the request but did not answer in "
+                    "time: the API there is busy or stuck (its logs say why)"
+                )
+        return None
 
     def _submission_hint(self) -> str:
         """What to say when the submission API's URL (``url``) did not answer."""

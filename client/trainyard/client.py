@@ -448,7 +448,7 @@ class TrainyardClient:
         try:
             response = self._http.request("HEAD", path, headers=inject(None))
         except httpx.HTTPError as exc:
-            raise TrainyardError(0, f"{unreached(str(self._http.base_url))}: {exc}") from exc
+            raise self._no_answer("HEAD", path, exc) from exc
         if response.status_code in (200, 404):
             return response.status_code == 200
         raise refusal(response)
@@ -557,32 +557,48 @@ class TrainyardClient:
         """The successful response to a request (``TrainyardError`` otherwise)."""
         try:
             response = self._http.request(method, path, headers=inject(headers), **kwargs)
-        except httpx.ReadTimeout as exc:
-            raise TrainyardError(0, self._unanswered(method, path, exc)) from exc
         except httpx.HTTPError as exc:
-            raise TrainyardError(0, f"{unreached(str(self._http.base_url))}: {exc}") from exc
+            raise self._no_answer(method, path, exc) from exc
         if response.is_success:
             return response
         raise refusal(response)
 
-    def _unanswered(self, method: str, path: str, exc: httpx.ReadTimeout) -> str:
-        """A request the server took and did not answer in time (``exc``): said so, with
-        the time waited, where "timed out" alone read as a server never reached; and a
-        request that changes something may have changed it, so it is said to look before
-        repeating it (``submit`` again would make a second job)."""
+    def _no_answer(self, method: str, path: str, exc: httpx.HTTPError) -> TrainyardError:
+        """The error (status 0) of a request that got no answer: ``cannot reach URL: ...``
+        (``unreached``), or, for a request the server took and did not answer in time
+        (``httpx.ReadTimeout``), ``no answer from URL to METHOD PATH within N s``
+        (``unanswered``) with the time waited, where "cannot reach URL: timed out" read as a
+        server never reached; and a request that changes something may have changed it, so
+        it is said to look before repeating it (``submit`` again would make a second
+        job)."""
+        base = str(self._http.base_url)
+        if not isinstance(exc, httpx.ReadTimeout):
+            return TrainyardError(0, f"{unreached(base)}: {exc}")
         waited = exc.request.extensions.get("timeout", {}).get("read")
-        said = f"{unreached(str(self._http.base_url))}: no answer to {method} {path} within "
+        said = f"{unanswered(base)} {method} {path} within "
         said += "the time allowed" if waited is None else f"{waited:g} s"
-        if method in ("GET", "HEAD"):
-            return said
-        return f"{said}; the server may have done it all the same: look before you repeat it"
+        if method not in ("GET", "HEAD"):
+            said += "; the server may have done it all the same: look before you repeat it"
+        return TrainyardError(0, said)
 
 
 def unreached(base_url: str) -> str:
-    """How the error of a client of ``base_url`` that got no answer begins: ``cannot reach``
-    and the URL as httpx writes a base URL (host in lower case, a trailing slash), so that a
+    """How the error of a client of ``base_url`` that reached no server begins: ``cannot
+    reach`` and the URL as httpx writes a base URL (host in lower case, a trailing slash), so that a
     caller that made several clients tells by it which one it was."""
-    return f"cannot reach {httpx.URL(base_url.rstrip('/') + '/')}"
+    return f"cannot reach {_base(base_url)}"
+
+
+def unanswered(base_url: str) -> str:
+    """How the error of a client of ``base_url`` whose request was taken but not answered in
+    time begins (``no answer from URL to``, the request follows), told from ``unreached``'s
+    the same way."""
+    return f"no answer from {_base(base_url)} to"
+
+
+def _base(base_url: str) -> str:
+    """``base_url`` as httpx writes a base URL: host in lower case, a trailing slash."""
+    return str(httpx.URL(base_url.rstrip("/") + "/"))
 
 
 def client_version() -> str | None:
