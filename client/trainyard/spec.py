@@ -332,11 +332,16 @@ def _integer(text: str) -> int | float:
     digits than Python converts (``sys.get_int_max_str_digits``, 4300) as the infinity of its
     sign, which every check then refuses as no finite number (``seed: must be an integer``,
     ``--set``'s usage error). ``int()`` raised ValueError, which the CLI said as "unexpected
-    ValueError", naming neither the file nor the field."""
+    ValueError", naming neither the file nor the field. So is a ``0x``/``0o`` one whose
+    value has more decimal digits than that: ``int()`` reads it in any length, but the
+    schema check's message (``... is greater than the maximum``) writes it in decimal, and
+    raised the same ValueError. (YAML gives neither a sign.)"""
     try:
-        return int(text, 0) if text.startswith(("0o", "0x")) else int(text)
+        value = int(text, 0) if text.startswith(("0o", "0x")) else int(text)
+        str(value)  # raises, at once, where a message could not write it
     except ValueError:
-        return float(text)
+        return -math.inf if text.startswith("-") else math.inf
+    return value
 
 
 def _reader_issue(text: str, exc: ReaderError) -> SpecIssue:
