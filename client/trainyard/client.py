@@ -110,13 +110,13 @@ class TrainyardError(Exception):
         twice."""
         detail, fields = self.message, []
         for error in self.errors:
-            message = str(error.get("message", "?"))
+            message = str(error.get("message") or "")
             if message and message in detail:
                 continue
-            if detail and detail in message and detail == self.message:
+            if message and detail and detail in message and detail == self.message:
                 detail = message  # once only: another field error may hold the detail too
                 continue
-            fields.append(f"{error.get('field', '?')}: {message}")
+            fields.append(f"{error.get('field', '?')}: {message or '?'}")
         head = f"{self.status} {detail}" if self.status else detail
         return f"{head} ({'; '.join(fields)})" if fields else head
 

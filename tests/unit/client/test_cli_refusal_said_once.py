@@ -95,3 +95,10 @@ def test_a_field_error_that_restates_the_detail_is_said_once(
     errors: list[dict[str, str]], said: str
 ) -> None:
     assert str(TrainyardError(409, "name taken", errors)) == said
+
+
+def test_a_field_error_without_a_message_is_kept() -> None:
+    """No message is no restatement, even of a detail that has a question mark in it."""
+    assert str(TrainyardError(409, "is it taken?", [{"field": "name"}])) == (
+        "409 is it taken? (name: ?)"
+    )
