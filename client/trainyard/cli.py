@@ -441,6 +441,9 @@ def _main(args: argparse.Namespace) -> int:
     except SpecError as exc:
         return _fail(str(exc), Exit.ERROR)
     except CliError as exc:
+        if exc.code == Exit.INTERRUPTED:  # the user stopped following: a note, not an error
+            print(f"trainyard: {exc}", file=sys.stderr)
+            return Exit.INTERRUPTED
         return _fail(str(exc) + _hint(session, exc.status, str(exc)), exc.code)
     except cli_config.ConfigError as exc:
         return _fail(str(exc), Exit.ERROR)

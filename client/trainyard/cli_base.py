@@ -477,10 +477,11 @@ class Session:
                 )
         return None
 
-    def _submission_hint(self) -> str:
-        """What to say when the submission API's URL (``url``) did not answer."""
+    def _submission_hint(self) -> str | None:
+        """What to say when the submission API's URL (``url``) did not answer; None for a URL
+        given by ``--url``, on this very command line, where the error alone says it."""
         if getattr(self.args, "url", None):
-            return "that is the URL from --url: is the API up there?"
+            return None
         if self.settings.url:
             return "that is the URL from TRAINYARD_URL: is the API up there?"
         ctx = self.context()
@@ -528,7 +529,9 @@ class Session:
             self._named_context()
             url = self.url
             self.clients["submission"] = self.make(url, self.token)
-            self.origins.setdefault(url, self._submission_hint())
+            hint = self._submission_hint()
+            if hint is not None:
+                self.origins.setdefault(url, hint)
         return self.clients["submission"]
 
     def _named_context(self) -> None:
