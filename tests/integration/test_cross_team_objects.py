@@ -254,7 +254,9 @@ def _tracked_spec(team: str = "ml") -> JobSpec:
     )
 
 
-async def _run(pool: asyncpg.Pool, store: LocalStore, team: str) -> tuple[str, CheckpointRef]:
+async def _run(
+    pool: asyncpg.Pool, store: LocalStore, team: str, spec: JobSpec | None = None
+) -> tuple[str, CheckpointRef]:
     """A run of ``team``'s experiment, as its runner would report it: started, a checkpoint,
     a metric, succeeded."""
     run = f"job-{uuid.uuid4().hex[:8]}"
@@ -268,7 +270,7 @@ async def _run(pool: asyncpg.Pool, store: LocalStore, team: str) -> tuple[str, C
         started_at=T0,
         code_version=f"git:{0:040x} src:sha256:{'a' * 64}",
         environment=ENV,
-        spec=_tracked_spec(team),
+        spec=spec or _tracked_spec(team),
     )
     await apply(pool, store, run, started)
     checkpoint = await commit_checkpoint(pool, store, run, 1)
@@ -279,6 +281,20 @@ async def _run(pool: asyncpg.Pool, store: LocalStore, team: str) -> tuple[str, C
     await apply(pool, store, run, metrics)
     await apply(pool, store, run, succeeded(run, allocation, checkpoint))
     return run, checkpoint
+
+
+async def _bill(world: World, team: str, spec: JobSpec) -> str:
+    """A job of ``spec`` billed for an hour this month, as the scheduler's events say it."""
+    job = f"job-{team}-{uuid.uuid4().hex[:8]}"
+    day = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(hours=3)
+    allocation = f"{job}-1"
+    pool = world.pools["billing"]
+    await feed(
+        pool, submitted(job, spec, day), granted(allocation, job, spec, "n-1", day, f"{team}-q")
+    )
+    end = day + timedelta(hours=1)
+    await feed(pool, released(allocation, job, spec, "n-1", day, end, "succeeded"))
+    return job
 
 
 async def _make_objects(world: World, tmp_path: Path) -> Objects:
@@ -331,18 +347,7 @@ async def _make_objects(world: World, tmp_path: Path) -> Objects:
     for path in ("/v1/budgets/ml", "/v1/budgets/ml/ml-research"):
         made = await call(billing, "PUT", path, ml, content_json={"amount": "100"})
         assert made.status_code in (200, 201), f"{path}: {made.text}"
-    costly = f"job-{uuid.uuid4().hex[:8]}"
-    spec = _tracked_spec()
-    day = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(hours=3)
-    await feed(
-        world.pools["billing"],
-        submitted(costly, spec, day),
-        granted(f"{costly}-1", costly, spec, "n-1", day, "ml-q"),
-    )
-    await feed(
-        world.pools["billing"],
-        released(f"{costly}-1", costly, spec, "n-1", day, day + timedelta(hours=1), "succeeded"),
-    )
+    costly = await _bill(world, "ml", _tracked_spec())
 
     real = {
         "submission job": job_id,
@@ -533,7 +538,9 @@ async def _walk(world: World, objects: Objects, granted: dict[tuple[str, str, st
     walk, undeclared = cases(world.apps)
     assert not undeclared, "declare what these parameters name:\n" + "\n".join(undeclared)
     walk += BODY_CASES
-    names = [v for k, v in objects.real.items() if k not in ("version", "grantee", "team")]
+    # Names to look for in an answer: numbers (ids, versions) are compared with made-up
+    # ones above, but a bare number is in too many answers to be looked for.
+    names = [v for k, v in objects.real.items() if not v.isdigit() and k not in ("grantee", "team")]
     jobs = [objects.real[k] for k in ("submission job", "registry job", "billing job")]
     before = await snapshot(world.pools)
     wrong: list[str] = []
@@ -601,3 +608,68 @@ async def test_a_grant_opens_its_reads_to_the_grantee_and_nothing_else(
         made = await call(registry, "PUT", path, ml)
         assert made.status_code == 200, f"{path}: {made.text}"
     await _walk(world, objects, granted=GRANTED)
+
+
+async def test_the_same_names_in_another_team_are_other_objects(
+    world: World, tmp_path: Path
+) -> None:
+    """``vision`` owns twins of ``ml``'s objects, named alike (a user ``alice``, a job and
+    a run of project ``ml-research`` and experiment ``ml-sweep``, a model ``digits``, a
+    dataset ``ml-data``, a budget of project ``ml-research``, a billed job): every GET route
+    asked by ``vision``'s ``alice`` about those names answers ``vision``'s twins, never one
+    of ``ml``'s jobs or runs."""
+    objects = await _make_objects(world, tmp_path)
+    submission, registry, billing = (world.apps[s] for s in ("submission", "registry", "billing"))
+    async with world.pools["submission"].acquire() as conn:
+        team = await conn.fetchval("SELECT id FROM teams WHERE name = 'vision'")
+        alice = await conn.fetchval(
+            "INSERT INTO users (team_id, name, role) VALUES ($1, 'alice', 'admin') RETURNING id",
+            team,
+        )
+        token = await endpoint_auth._token(conn, alice, None)
+    tracked = {**SPEC, "project": "ml-research", "experiment": "ml-sweep"}
+    job = await call(submission, "POST", "/v1/jobs", token, content_json=tracked)
+    assert job.status_code == 201, job.text
+    store = LocalStore(tmp_path / "registry-objects")
+    twin = _tracked_spec("vision").model_copy(
+        update={"project": "ml-research", "experiment": "ml-sweep"}
+    )
+    run, _ = await _run(world.pools["registry"], store, "vision", twin)
+    for method, path, body in (
+        ("POST", "/v1/models/vision/digits/versions", {"job_id": run}),
+        ("PUT", "/v1/models/vision/digits/aliases/champion", {"version": 1}),
+        ("PUT", f"/v1/jobs/{run}/tags/ml-best", None),
+        (
+            "POST",
+            "/v1/datasets/vision/ml-data/versions",
+            {"uri": "s3://data/v", "sha256": "d" * 64, "size_bytes": 1, "producing_job_id": run},
+        ),
+    ):
+        made = await call(registry, method, path, token, content_json=body)
+        assert made.status_code in (200, 201, 204), f"{method} {path}: {made.text}"
+    made = await call(
+        billing, "PUT", "/v1/budgets/vision/ml-research", token, content_json={"amount": "9"}
+    )
+    assert made.status_code in (200, 201), made.text
+    billed = await _bill(world, "vision", twin)
+    experiments = (await call(registry, "GET", "/v1/experiments", token)).json()["experiments"]
+    [experiment] = [e for e in experiments if e["name"] == "ml-sweep"]
+    mine = {
+        **objects.real,
+        "team": "vision",
+        "submission job": job.json()["id"],
+        "job prefix": job.json()["id"][:8],
+        "registry job": run,
+        "billing job": billed,
+        "experiment": str(experiment["id"]),
+        "vision experiment": str(experiment["id"]),
+    }
+    theirs = [objects.real[k] for k in ("submission job", "registry job", "billing job")]
+    walk, _ = cases(world.apps)
+    wrong = []
+    for case in walk:
+        if case.method == "GET":
+            answer = await call(world.apps[case.service], "GET", case.url(mine), token)
+            if any(name in answer.text for name in theirs):
+                wrong.append(f"{case}: {answer.status_code} {answer.text[:300]}")
+    assert not wrong, "\n".join(wrong)
