@@ -490,7 +490,9 @@ def cases(apps: dict[str, Litestar]) -> tuple[list[Case], list[str]]:
             assert isinstance(route, HTTPRoute)
             if endpoint_auth.is_open(service, route.path) or route.path.startswith("/schema"):
                 continue
-            for method, handlers in sorted(route.route_handler_map.items()):
+            for verb, handlers in sorted(route.route_handler_map.items()):
+                # The HEAD Litestar adds is keyed by the enum, whose str() is not the verb.
+                method = str(getattr(verb, "value", verb))
                 if method == "OPTIONS":
                     continue  # CORS preflight: no handler of the route's runs
                 in_path = {m.group(1) for m in endpoint_auth._PARAM.finditer(route.path)}
@@ -510,8 +512,8 @@ def cases(apps: dict[str, Litestar]) -> tuple[list[Case], list[str]]:
                     elif parameter not in NOT_OBJECTS:
                         undeclared.append(f"{service} {method} {route.path}: ?{parameter}")
                 if kinds:
-                    found.append(Case(service, str(method), route.path, kinds, None))
-                found += [Case(service, str(method), route.path, kinds, q) for q in queries]
+                    found.append(Case(service, method, route.path, kinds, None))
+                found += [Case(service, method, route.path, kinds, q) for q in queries]
     return found, undeclared
 
 
