@@ -19,7 +19,7 @@ rule, for each pair of answers:
 - no table of any service changes.
 
 A path or query parameter this module does not know fails the walk until it is declared
-(``PATH_OBJECTS``, ``QUERY_OBJECTS`` or ``NOT_OBJECTS``); a route whose parameters name no
+(``PATH_OBJECTS`` or ``PLATFORM_PATHS``, ``QUERY_OBJECTS`` or ``NOT_OBJECTS``); a route whose parameters name no
 object of a team (``/v1/me``, ``POST /v1/jobs``, the platform's queues and prices) is walked
 by ``test_endpoint_auth`` alone. ``BODY_CASES`` add writes into ``vision``'s own namespace
 whose body names ``ml``'s run. The exceptions are tables with their reasons: ``EXEMPT`` (a
@@ -132,8 +132,6 @@ NOT_OBJECTS: dict[str, str] = {
     **dict.fromkeys(("group_by", "retired", "dry_run", "label", "granted"), "a mode or filter"),
     "queue": "the platform's queues, the same for every team",
     "flavor": "the platform's GPU flavors, the same for every team",
-    "node_id": "the platform's nodes, operators' alone (test_endpoint_auth)",
-    "name": "outside PATH_OBJECTS: a platform object (queue, flavor, cohort, priority class)",
     # the handler's own arguments, never the caller's
     **dict.fromkeys(
         ("request", "principal", "caller", "pool", "settings", "objects", "conditions"),
@@ -141,7 +139,15 @@ NOT_OBJECTS: dict[str, str] = {
     ),
     **dict.fromkeys(("teams", "front", "key", "admission", "uploads"), "injected"),
 }
-"""Parameters that name no object of a team, and why."""
+"""Query parameters that name no object of a team, and why."""
+
+PLATFORM_PATHS: dict[tuple[str, str, str], str] = {
+    ("scheduler", "/v1/admin/", "name"): "a flavor, cohort, queue or priority class",
+    ("scheduler", "/v1/queue/", "name"): "a queue (its view is the operators', test_endpoint_auth)",
+    ("scheduler", "/v1/admin/", "node_id"): "a node (the operators', test_endpoint_auth)",
+    ("billing", "/v1/prices/", "flavor"): "a flavor's price, the same for every team",
+}
+"""Path parameters that name an object of the platform, no team's, by the route it is in."""
 
 SCOPED: dict[tuple[str, str, str], str] = {
     ("submission", "GET", "/v1/jobs"): "the caller's team's jobs, whatever the filter",
@@ -393,10 +399,12 @@ async def _make_objects(world: World, tmp_path: Path) -> Objects:
     return Objects(real, ghost)
 
 
-def _kind(service: str, path: str, parameter: str) -> str | None:
-    for (owner, prefix, name), kind in PATH_OBJECTS.items():
+def _lookup(
+    table: dict[tuple[str, str, str], str], service: str, path: str, parameter: str
+) -> str | None:
+    for (owner, prefix, name), entry in table.items():
         if owner == service and path.startswith(prefix) and name == parameter:
-            return kind
+            return entry
     return None
 
 
@@ -498,10 +506,10 @@ def cases(apps: dict[str, Litestar]) -> tuple[list[Case], list[str]]:
                 in_path = {m.group(1) for m in endpoint_auth._PARAM.finditer(route.path)}
                 kinds = {}
                 for parameter in in_path:
-                    kind = _kind(service, route.path, parameter)
+                    kind = _lookup(PATH_OBJECTS, service, route.path, parameter)
                     if kind is not None:
                         kinds[parameter] = kind
-                    elif parameter not in NOT_OBJECTS:
+                    elif _lookup(PLATFORM_PATHS, service, route.path, parameter) is None:
                         undeclared.append(f"{service} {method} {route.path}: {parameter}")
                 queries = []
                 for parameter in handlers[0].parsed_fn_signature.parameters:
