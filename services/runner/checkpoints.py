@@ -54,6 +54,20 @@ the folders earlier attempts left older than the one it resumed from (by the lis
 there). A folder a later attempt marked resumed is never deleted by an earlier attempt,
 and one an attempt succeeded with (``mark_succeeded``) by none.
 
+An upload given up (``Upload.cancel``: the job's end waited for it as long as it may, and
+reports the checkpoint lost) and the store agree: a checkpoint is in the store for every
+reader exactly when its manifest is (see above: ``prune_earlier_attempts`` counts the
+folders with one, ``stage_resume`` takes only what was reported saved), and the manifest
+of an upload given up is never written. The object itself cannot be stopped
+halfway (a thread cannot be killed, and the store's ``put_file`` has no way to stop
+between parts), so ``commit_staged`` looks at the ``Upload`` before its copy, and after
+the object's upload, when it deletes the object it stored and raises ``UploadCancelled``.
+Whichever comes first of the give-up and the start of the manifest's upload decides, once
+(``Upload``): a give-up that comes after it is refused, and its giver waits for that one
+small upload to end and reports what it did. What a runner that dies meanwhile left (an
+object without a manifest) is no checkpoint to any reader, and is deleted by the next
+attempt's ``prune_earlier_attempts``.
+
 Each ``commit_staged`` is a ``checkpoint upload`` span (kind ``CLIENT``) in the job's trace
 (``parent``: the context its events are published in): the job id, step and attempt, the
 object's key in the store (``jobs/<job_id>/checkpoints/step-.../checkpoint.pt``: a key, never
@@ -75,6 +89,7 @@ import re
 import shutil
 import stat
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -111,6 +126,43 @@ _CHUNK = 1024 * 1024
 class StagedCheckpointInvalid(ValueError):
     """What the job staged is not a checkpoint the runner will upload (the message says
     why); the job's earlier checkpoints are unaffected."""
+
+
+class UploadCancelled(Exception):
+    """The upload was given up (``Upload.cancel``) before its manifest was written: nothing
+    of the checkpoint is left in the store (its object deleted where it had landed)."""
+
+
+class Upload:
+    """The fate of one ``commit_staged``, shared by the thread that uploads and the one that
+    may give up waiting for it, decided once: given up (``cancel``, before the manifest's
+    upload began) or published (``publish``: the manifest's upload begins), never both."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._state = "uploading"
+
+    @property
+    def cancelled(self) -> bool:
+        return self._state == "cancelled"
+
+    def cancel(self) -> bool:
+        """Give the upload up: its manifest will never be written. False, changing nothing,
+        when it is too late: the manifest's upload began (wait for the upload's end, which
+        says whether the checkpoint is in the store)."""
+        with self._lock:
+            if self._state == "published":
+                return False
+            self._state = "cancelled"
+            return True
+
+    def publish(self) -> bool:
+        """Begin the manifest's upload; False when the upload was given up."""
+        with self._lock:
+            if self._state == "cancelled":
+                return False
+            self._state = "published"
+            return True
 
 
 class Manifest(BaseModel):
@@ -154,13 +206,17 @@ def commit_staged(
     parent: otel_context.Context | None = None,
     max_bytes: int = MAX_CHECKPOINT_BYTES,
     scratch: Path | None = None,
+    upload: Upload | None = None,
 ) -> CheckpointRef:
     """Verify the staged checkpoint of ``step`` and upload it to ``store`` (job ``job_id``'s
     checkpoint prefix), in a ``checkpoint upload`` span child of ``parent`` (the module; a
     key relative to the store, and no job id, when ``job_id`` is None). An object of more
     than ``max_bytes`` (apparent size) is refused unread. Its private copy is made in
-    ``scratch`` (made when missing; None: the host's temporary folder, for tests).
-    Raises ``StagedCheckpointInvalid`` for anything the job got wrong."""
+    ``scratch`` (made when missing; None: the host's temporary folder, for tests), and is
+    removed only once nothing more of this upload is done to the object in the store.
+    Raises ``StagedCheckpointInvalid`` for anything the job got wrong, and
+    ``UploadCancelled``, with nothing of it left in the store, once ``upload`` (None: never)
+    was given up before its manifest's upload began (the module, "given up")."""
     key = f"{store_folder(step, attempt)}/{OBJECT_NAME}"
     attributes: dict[str, str | int] = {
         "trainyard.checkpoint.step": step,
@@ -172,7 +228,7 @@ def commit_staged(
     with _tracer.start_as_current_span(
         "checkpoint upload", context=parent, kind=trace.SpanKind.CLIENT, attributes=attributes
     ) as span:
-        ref = _commit_staged(staging, step, store, attempt, max_bytes, scratch)
+        ref = _commit_staged(staging, step, store, attempt, max_bytes, scratch, upload or Upload())
         span.set_attribute("trainyard.checkpoint.size_bytes", ref.size_bytes)
         return ref
 
@@ -203,7 +259,10 @@ def _commit_staged(
     attempt: int,
     max_bytes: int,
     scratch: Path | None,
+    upload: Upload,
 ) -> CheckpointRef:
+    if upload.cancelled:
+        raise UploadCancelled(f"checkpoint of step {step}: its upload was given up")
     folder = staging / staged_folder(step)
     manifest_bytes = _read_confined(staging, folder / MANIFEST_NAME, MAX_MANIFEST_BYTES)
     try:
@@ -242,10 +301,19 @@ def _commit_staged(
                 f"checkpoint of step {step} does not match its manifest: {size} bytes, "
                 f"sha256 {digest[:12]} (manifest: {manifest.size_bytes}, {manifest.sha256[:12]})"
             )
+        if upload.cancelled:
+            raise UploadCancelled(f"checkpoint of step {step}: its upload was given up")
         uploading = time.perf_counter()
         store.put_file(object_key, copy)
         _upload_seconds.record(time.perf_counter() - uploading)
         _upload_bytes.record(size)
+        if not upload.publish():
+            # Given up while the object went up: reported lost, so the store must not keep
+            # it (the private copy goes only after this: the upload is over then).
+            store.delete(object_key)
+            raise UploadCancelled(
+                f"checkpoint of step {step}: its upload was given up; its object was deleted"
+            )
     committed = manifest.model_dump(mode="json") | {
         "object": object_key,
         "attempt": attempt,

@@ -178,6 +178,8 @@ class JobRun:
         for the report of a checkpoint left unuploaded and whose failure that is."""
         self._lost_checkpoint: domain.LostCheckpoint | None = None
         """A checkpoint the job staged that its end could not wait to upload."""
+        self._upload: tuple[checkpoints.Upload, asyncio.Future[CheckpointRef]] | None = None
+        """The upload of ``_committing`` under way in its thread, and its result."""
         self._refused_checkpoint: domain.RefusedCheckpoint | None = None
         """The newest checkpoint the job staged that the runner refused."""
         self._max_processes = max_processes
@@ -702,6 +704,8 @@ class JobRun:
             try:
                 await asyncio.wait_for(self._uploader, timeout=self._upload_wait_s)
             except Exception as exc:
+                # The store must not hold what is reported lost (``checkpoints``, "given up").
+                await self._give_up_upload()
                 # Said in the outcome (``domain.with_lost_checkpoint``): the job's last
                 # uploaded checkpoint must not pass for the newest it made.
                 left = [s for s in (self._committing, *self._staged_steps) if s is not None]
@@ -724,6 +728,37 @@ class JobRun:
                 )
         with contextlib.suppress(OSError):
             self._sandbox.control_socket.unlink()
+
+    async def _give_up_upload(self) -> None:
+        """Give up the upload under way in its thread, if any (``checkpoints.Upload``): its
+        manifest is then never written, and its object deleted once it has landed. When its
+        manifest's upload had begun, it is too late for that: its end is awaited instead
+        (one small upload, bounded by the store client's timeouts), and a checkpoint it
+        stored is reported saved, not lost."""
+        if self._upload is None:
+            return
+        upload, result = self._upload
+        self._upload = None
+        if upload.cancel():
+            step = self._committing
+            result.add_done_callback(lambda done: self._log_given_up(step, done))
+            return
+        try:
+            ref = await result
+        except Exception as exc:
+            self._upload_error = error_text(exc)
+            return
+        self._committed(ref)
+
+    def _log_given_up(self, step: int | None, done: asyncio.Future[CheckpointRef]) -> None:
+        """Say how an upload given up ended in its thread (the future's error retrieved)."""
+        exc = None if done.cancelled() else done.exception()
+        if isinstance(exc, checkpoints.UploadCancelled):
+            log.info("job %s: upload given up: %s", self.job.job_id, exc)
+        elif exc is not None:
+            log.warning(
+                "job %s: the upload of step %s given up failed: %s", self.job.job_id, step, exc
+            )
 
     def _on_metrics(self, message: MetricsMessage) -> None:
         # Bounded first (metric_limits): no event of the job grows with its keys.
@@ -888,12 +923,14 @@ class JobRun:
     async def _commit(self, step: int) -> None:
         """Upload one staged checkpoint. A store that fails (down, throttling) is retried
         with back-off until it works or a newer checkpoint is staged (which supersedes this
-        one); the end of the job waits for it up to ``checkpoint_upload_wait_s``."""
+        one); the end of the job waits for it up to ``checkpoint_upload_wait_s``, then gives
+        it up (``_give_up_upload``)."""
         delay = 1.0
         self._committing = step
         while True:
-            try:
-                ref = await asyncio.to_thread(
+            upload = checkpoints.Upload()
+            result = asyncio.ensure_future(
+                asyncio.to_thread(
                     checkpoints.commit_staged,
                     self._sandbox.checkpoints,
                     step,
@@ -905,10 +942,19 @@ class JobRun:
                     # The runner's own folder of the job (``jobs/<job>/``), on the disk
                     # sized for jobs: never the host's temporary folder (memory, maybe).
                     scratch=self._log_path.parent,
+                    upload=upload,
                 )
+            )
+            self._upload = (upload, result)
+            try:
+                # Shielded: the end's wait, when it runs out, cancels this task, never the
+                # upload, which it gives up (``_give_up_upload``) or waits for.
+                ref = await asyncio.shield(result)
+                self._upload = None
                 self._upload_error = ""  # the store works again
                 break
             except checkpoints.StagedCheckpointInvalid as exc:
+                self._upload = None
                 self._committing = None
                 # Said in the outcome (``domain.with_refused_checkpoint``) when no newer
                 # checkpoint is uploaded: an older one must not pass for the job's last.
@@ -919,6 +965,7 @@ class JobRun:
                 )
                 return
             except Exception as exc:
+                self._upload = None
                 self._upload_error = error_text(exc)
                 if self._staged_steps:
                     self._committing = None
@@ -938,6 +985,11 @@ class JobRun:
                 )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 30.0)
+        self._committed(ref)
+
+    def _committed(self, ref: CheckpointRef) -> None:
+        """Take ``ref``, the checkpoint of ``_committing`` now in the store, as the job's
+        last and say so (``checkpoint.saved``)."""
         self._committing = None
         self._last_checkpoint = ref
         self._saved.append(ref)

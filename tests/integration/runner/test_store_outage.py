@@ -8,6 +8,7 @@ the store is still away."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 import uuid
 from collections.abc import Iterator
@@ -23,6 +24,7 @@ from tests.integration.runner.conftest import (
     upload_bundle,
 )
 from trainyard_platform.deploy.local.s3 import S3Server
+from trainyard_platform.services.runner.checkpoints import COPY_PREFIX, job_prefix
 from trainyard_platform.services.runner.config import Settings
 from trainyard_platform.shared.bus import Bus
 from trainyard_platform.shared.events.payloads import (
@@ -174,3 +176,55 @@ async def test_a_final_checkpoint_the_store_cannot_take_is_reported_never_passed
     assert "checkpoint of step 2 could not be uploaded" in failed.reason
     assert "the latest uploaded is step 1" in failed.reason
     assert events.of(JobSucceeded, job.job_id) == []
+
+
+async def test_a_checkpoint_reported_lost_is_not_in_the_store_when_its_upload_ends_late(
+    s3: S3Server,
+    settings: Settings,
+    code_dir: Path,
+    start_runner: StartRunner,
+    bus: Bus,
+    events: EventLog,
+    launches: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The end's wait for the final checkpoint ran out and the job was told it was lost,
+    but its upload went on in its thread: once the store answered, the upload finished and
+    its manifest made it a checkpoint in the store, one the platform said it never had. The
+    upload is now given up with the verdict: what landed after it is deleted, and no
+    manifest is written."""
+    storage = s3.storage_settings(f"s3://runner-{uuid.uuid4().hex[:12]}").model_copy(
+        # Long enough that the upload waits for the store rather than failing: a slow one.
+        update={"s3_connect_timeout_seconds": 1.0, "s3_read_timeout_seconds": 120.0}
+    )
+    code = upload_bundle(open_store(storage.uri, storage), "team-a", code_dir)
+    settings = settings.model_copy(
+        update={"storage": storage, "checkpoint_upload_wait_seconds": 3.0}
+    )
+    await start_runner(settings)
+    job = grant(settings.node_id, ["checkpoint-twice", str(launches)], code=code)
+    await publish(bus, job, settings.node_id)
+    await events.first(CheckpointSaved, job.job_id)
+
+    s3.send_signal(signal.SIGSTOP)
+    try:
+        with caplog.at_level(logging.ERROR, logger="trainyard_platform.services.runner"):
+            (launches / "go").touch()  # the job stages step 2 and exits 0
+            async with asyncio.timeout(60):  # the verdict, 3 s after the job's end
+                while not any("left unuploaded" in r.getMessage() for r in caplog.records):
+                    await asyncio.sleep(0.1)
+        # Its upload still under way: the store has not answered since.
+        copies = list((settings.work_dir / "jobs").glob(f"*/{COPY_PREFIX}*"))
+        assert copies
+    finally:
+        s3.send_signal(signal.SIGCONT)
+    failed = await events.first(JobFailed, job.job_id, timeout=60)
+    assert "its checkpoint of step 2 was still uploading" in failed.reason
+    assert "the latest uploaded is step 1" in failed.reason
+
+    async with asyncio.timeout(120):  # the store answers: the upload ends in its thread
+        while any(copy.exists() for copy in copies):
+            await asyncio.sleep(0.1)
+    store = open_store(f"{storage.uri}/{job_prefix(job.job_id)}", storage)
+    assert [k for k in store.list("step-") if k.startswith("step-00000002")] == []
+    assert [e.checkpoint.step for e in events.of(CheckpointSaved, job.job_id)] == [1]
