@@ -15,6 +15,14 @@ folders deeper than a path can name (``ENAMETOOLONG``, 4096 bytes on Linux): the
 reaches each by its path, and what lies below would go uncounted. Files and folders vanishing
 or unreadable during the walk are skipped (the job writes while it is measured); the walk
 never raises for them.
+
+The limit holds from the moment the sandbox exists, not only once the job runs: what is
+written there before (git fetching the job's code, its bundle unpacked, its checkpoint
+restored, its interpreter probed) is the job's too. ``Watch`` measures the sandbox in a
+thread of its own while those blocking steps run, every ``interval_s`` as the running
+job's watch does, calls its ``stop`` once (the launch kills the job's processes: git and
+the probe run as the job) when the sandbox is over the limit, and measures once more when
+the steps end; the launch then fails the job as ``user_error``, naming the limit.
 """
 
 from __future__ import annotations
@@ -22,7 +30,8 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from collections.abc import Iterable
+import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -142,3 +151,58 @@ def gib(size: int) -> str:
     value = size / GIB
     text = f"{value:.1f}" if value >= 1 else f"{value:.2g}"
     return f"{text.removesuffix('.0')} GiB"
+
+
+class Watch:
+    """Measure ``roots`` every ``interval_s`` in a thread of its own, from ``__enter__`` to
+    ``__exit__`` (the steps before a job starts, blocking), and call ``stop`` once, from
+    that thread, when they are over ``limit_bytes`` (``over_limit``); ``over`` is why, once
+    the steps have ended. A measurement that fails is tried again at the next interval."""
+
+    def __init__(
+        self,
+        roots: Iterable[Path],
+        limit_bytes: int,
+        interval_s: float,
+        stop: Callable[[], None],
+        max_entries: int = MAX_ENTRIES,
+    ) -> None:
+        self._roots = list(roots)
+        self._limit_bytes = limit_bytes
+        self._interval_s = interval_s
+        self._stop = stop
+        self._max_entries = max_entries
+        self._ended = threading.Event()
+        self._why: str | None = None
+        self._thread = threading.Thread(target=self._watch, name="disk watch", daemon=True)
+
+    def __enter__(self) -> Watch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._ended.set()
+        self._thread.join()
+
+    def over(self) -> str | None:
+        """Why the roots went over the limit while watched, or are over it now (measured
+        again: what the steps wrote last, within one interval), else None. Call it once
+        the watch has ended."""
+        if self._why is None:
+            self._why = self._measure()
+        return self._why
+
+    def _measure(self) -> str | None:
+        try:
+            use = measure(self._roots, self._limit_bytes, self._max_entries)
+        except OSError:
+            return None
+        return over_limit(use, self._limit_bytes, self._max_entries)
+
+    def _watch(self) -> None:
+        while not self._ended.wait(self._interval_s):
+            why = self._measure()
+            if why is not None:
+                self._why = why
+                self._stop()
+                return

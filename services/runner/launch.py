@@ -34,17 +34,22 @@ makes a sandbox or downloads anything, then takes what comes from the object sto
 attempt's cgroup and its memory limit where the node has cgroups, the code, the checkpoint
 to resume from; an unreachable store raises as it is, and the agent's launch waits it
 out and fetches again), ``prepare`` the rest (the environment, built in minutes maybe, and the job's
-command and variables).
+command and variables). The job's disk limit holds from the moment its sandbox exists: each
+step runs its work in the sandbox under a ``disk_watch.Watch``, which kills the job's
+processes (git, the interpreter's probe) once the sandbox is over the limit, and a sandbox
+over it when the step ends fails the job as ``user_error`` (``DiskLimitExceeded``), naming
+the limit as the running job's watch does.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import logging
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -233,8 +238,47 @@ def fetch(
             raise  # said as the node's disk or files (``node_faults``), which counts too
         raise NodeFault(f"could not make the job's sandbox on this node: {exc}") from exc
     # What the job asked for: its failures say whose fault they are (``sandbox``).
-    code_id = fetch_code(grant.spec, store, box, settings.job_max_processes)
-    return Fetched(box, code_id, resume_from(grant, settings, store, box.checkpoints))
+    with within_disk_limit(box, settings):
+        code_id = fetch_code(grant.spec, store, box, settings.job_max_processes)
+        resumed = resume_from(grant, settings, store, box.checkpoints)
+    return Fetched(box, code_id, resumed)
+
+
+class DiskLimitExceeded(JobInputError):
+    """The job's sandbox went over its disk limit (``job_disk_gib``, ``disk_watch``) before
+    the job started: what its spec named (its code, its checkpoint, its environment's
+    interpreter) took more than the job may hold. It fails as ``user_error``, the limit
+    named, as a running job over it does."""
+
+
+@contextlib.contextmanager
+def within_disk_limit(box: Sandbox, settings: Settings) -> Iterator[None]:
+    """Run the block, a step before the job starts that writes to ``box``, under the job's
+    disk limit (``job_disk_gib``; 0: none): the sandbox is measured every
+    ``job_disk_check_seconds`` meanwhile (``disk_watch.Watch``) and once more at the end,
+    and every process of the job's user is killed once it is over the limit. Raises
+    ``DiskLimitExceeded`` then, in place of whatever the block raised (git killed, say)."""
+    limit = int(settings.job_disk_gib * disk_watch.GIB)
+    if not limit:
+        yield
+        return
+    uid = box.user.uid
+
+    def stop() -> None:
+        if uid is not None:
+            kill_leftovers(range(uid, uid + 1), [])
+
+    failed: Exception | None = None
+    with disk_watch.Watch([box.root], limit, settings.job_disk_check_seconds, stop) as watch:
+        try:
+            yield
+        except Exception as exc:
+            failed = exc
+    why = watch.over()
+    if why is not None:
+        raise DiskLimitExceeded(f"before the job started, {why}") from None
+    if failed is not None:
+        raise failed
 
 
 def check_requirements(requirements: Sequence[str]) -> None:
@@ -394,7 +438,8 @@ def prepare(
     except EnvironmentBuildError as exc:
         raise NodeFault(f"could not build the job's environment: {exc}") from exc
     try:
-        return _prepared(grant, settings, gpus, fetched, lease, trace_headers)
+        with within_disk_limit(fetched.sandbox, settings):
+            return _prepared(grant, settings, gpus, fetched, lease, trace_headers)
     except BaseException:
         lease.release()
         raise

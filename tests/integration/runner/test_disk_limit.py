@@ -4,6 +4,7 @@ limit; a job within it runs to its end."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -53,3 +54,33 @@ async def test_a_job_over_its_disk_limit_is_stopped_and_one_within_it_succeeds(
         " GiB to its sandbox, over its disk limit of 0.01 GiB (TRAINYARD_RUNNER_JOB_DISK_GIB)"
     )
     await events.first(JobSucceeded, within.job_id, timeout=30)
+
+
+async def test_code_over_the_disk_limit_fails_the_job_before_it_starts(
+    settings: Settings,
+    start_runner: StartRunner,
+    bus: Bus,
+    events: EventLog,
+    tmp_path: Path,
+    launches: Path,
+    code_dir: Path,
+) -> None:
+    """What the steps before the job write to its sandbox (its code here) counts against its
+    limit from the moment the sandbox exists. Before, the sandbox was first measured once
+    the job ran: a job whose code alone was over its limit ran (and one ending before the
+    first measurement succeeded), and a repository of any size filled the node's disk."""
+    settings = settings.model_copy(update={"job_disk_gib": 0.01})
+    await start_runner(settings)
+    (code_dir / "weights.bin").write_bytes(os.urandom(20 * 1024 * 1024))
+    code = upload_bundle(open_store(settings.storage.uri), "team-a", code_dir)
+    job = grant(settings.node_id, ["succeed", str(launches)], code=code)
+    await publish(bus, job, settings.node_id)
+
+    failed = await events.first(JobFailed, job.job_id, timeout=60)
+    assert failed.failure_kind == "user_error"
+    assert failed.reason.startswith("before the job started, the job wrote 0.0")
+    assert failed.reason.endswith(
+        " GiB to its sandbox, over its disk limit of 0.01 GiB (TRAINYARD_RUNNER_JOB_DISK_GIB)"
+    )
+    assert not (launches / job.allocation_id).exists(), "the job never ran"
+    assert events.of(JobSucceeded, job.job_id) == []
