@@ -64,9 +64,10 @@ between parts), so ``commit_staged`` looks at the ``Upload`` before its copy, an
 the object's upload, when it deletes the object it stored and raises ``UploadCancelled``.
 Whichever comes first of the give-up and the start of the manifest's upload decides, once
 (``Upload``): a give-up that comes after it is refused, and its giver waits for that one
-small upload to end and reports what it did. What a runner that dies meanwhile left (an
-object without a manifest) is no checkpoint to any reader, and is deleted by the next
-attempt's ``prune_earlier_attempts``.
+small upload to end and reports what it did. An object left without a manifest (by a
+runner that died meanwhile, or a delete the store failed) is no checkpoint to any reader;
+no ``checkpoint.saved`` names it, so the registry's storage collector deletes it as
+unreferenced.
 
 Each ``commit_staged`` is a ``checkpoint upload`` span (kind ``CLIENT``) in the job's trace
 (``parent``: the context its events are published in): the job id, step and attempt, the
