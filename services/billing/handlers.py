@@ -153,7 +153,7 @@ class BillingHandlers:
                 # preemption's said by the scheduler carries no measurement), and whether
                 # it failed through the platform (then the platform pays for it).
                 await waste.record_run_report(conn, report, self._clock())
-                if isinstance(report, JobFailed) and report.failure_kind == "platform_error":
+                if isinstance(report, JobFailed) and report.through_platform:
                     await self.on_platform_failure(conn, report.allocation_id, envelope.id)
             case JobFailed() as failed if envelope.source == SCHEDULER:
                 # The scheduler's word on a job that failed for good; a runner's report is

@@ -6,7 +6,11 @@ Contract:
   when the reporting runner said the attempt failed through the platform, so that no member
   of a gang is its team's to pay), charges the GPU-seconds to the team's fair-share usage
   (decayed to now with the half-life, then added), and moves the job on (requeued,
-  finished, failed or cancelled) as ``domain.allocation_ended`` decides.
+  finished, failed or cancelled) as ``domain.allocation_ended`` decides. An attempt that
+  failed through the platform (``JobFailed.through_platform``, the rule billing charges by)
+  adds nothing to the usage, for any member: a team whose jobs land on a failing node is
+  not put back in its queue for the platform's fault. Every other end counts, a lost
+  node's too (billing charges that to the team as well).
   Members of the gang other than the one that reported are told to stop
   (``AllocationRevoked(reason="fenced")``) unless the job succeeded. It is ``plan_end``
   (decide and build the events, no I/O) then ``apply_endings``, which writes any number of
@@ -96,6 +100,8 @@ class Ending:
     decision: EndDecision
     releases: list[tuple[str, datetime, Outcome]]
     gpu_seconds: float
+    """Charged to the team's fair-share usage: the members' time, none of it when the
+    attempt failed through the platform."""
     events: list[Traced]
     """In order, each with the trace context current when it was planned."""
     node_ends: tuple[cordon.NodeEnd, ...] = ()
@@ -157,13 +163,15 @@ def plan_end(
     events: list[Traced] = []
     gpu_seconds = 0.0
     # The reporter's platform failure ends the whole attempt: every member released for it
-    # is the platform's to pay, not only the reporter's (billing cannot tell the others).
-    through_platform = kind == "failed" and failed is not None and failed.failure_kind == PLATFORM
+    # is the platform's to pay, not only the reporter's (billing cannot tell the others),
+    # and none of its time is the team's usage either.
+    through_platform = kind == "failed" and failed is not None and failed.through_platform
     for allocation in allocations:
         released_at = release_time(reported_at, allocation.granted_at, now)
         releases.append((allocation.allocation_id, released_at, decision.outcome))
         gpus = len(allocation.gpu_indices)
-        gpu_seconds += gpus * (released_at - allocation.granted_at).total_seconds()
+        if not through_platform:
+            gpu_seconds += gpus * (released_at - allocation.granted_at).total_seconds()
         released = AllocationReleased(
             allocation_id=allocation.allocation_id,
             job_id=job.job_id,

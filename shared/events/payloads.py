@@ -619,6 +619,14 @@ class JobFailed(Payload):
     that follows the job's own input (its git host, its command, its requirements), which
     is retried but never held against the node: a tenant's jobs cannot cordon nodes."""
 
+    @property
+    def through_platform(self) -> bool:
+        """Whether the attempt failed through the platform (``platform_error``): its time is
+        the platform's, not its team's. The one rule of both services: billing charges it
+        to the platform (every member of its gang, ``AllocationReleased.platform_failure``)
+        and the scheduler adds none of it to the team's fair-share usage."""
+        return self.failure_kind == "platform_error"
+
 
 class JobPreempted(Payload):
     """The job stopped because its allocation was revoked; it resumes from ``checkpoint``."""

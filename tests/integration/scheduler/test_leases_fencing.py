@@ -299,6 +299,57 @@ async def test_jobs_moving_to_one_state_for_different_reasons_each_keep_theirs(
             assert row["status_reason"].startswith(f"platform_error: {detail};")
 
 
+@pytest.mark.parametrize(
+    ("kind", "failure_kind", "charged"),
+    [
+        ("failed", "platform_error", None),  # the platform's: the team's usage untouched
+        ("failed", "user_error", 3 * 100.0),
+        ("succeeded", None, 3 * 100.0),
+        ("lost", None, 3 * 100.0),  # billed to the team too
+    ],
+)
+async def test_only_the_team_s_own_ends_count_in_its_fair_share_usage(
+    pool: asyncpg.Pool, kind: Any, failure_kind: Any, charged: float | None
+) -> None:
+    """A gang of 2 + 1 GPUs released after 100 s: its team's usage gains its 300 GPU-seconds
+    unless a member's runner reported a platform failure (billing's rule,
+    ``JobFailed.through_platform``), which the other team's charge in the same batch does
+    not change."""
+    async with pool.acquire() as conn, conn.transaction():
+        await add_job(conn, "j", max_restarts=1)
+        await add_job(conn, "other", team="speech")
+        allocations = await grant(conn, "j", {"n1": (0, 1), "n2": (0,)})
+        others = await grant(conn, "other", {"n3": (0,)})
+        failed = None
+        if failure_kind is not None:
+            failed = JobFailed(
+                job_id="j",
+                allocation_id=allocations[1].allocation_id,
+                node_id=allocations[1].node_id,
+                epoch=allocations[1].epoch,
+                finished_at=at(100),
+                exit_code=None if failure_kind == "platform_error" else 1,
+                reason="No space left on device",
+                failure_kind=failure_kind,
+            )
+        endings = [
+            plan_end(
+                await job(conn, "j"),
+                allocations,
+                kind,
+                at(100),
+                at(100),
+                TUNING,
+                reporter=allocations[1].allocation_id,
+                failed=failed,
+            ),
+            plan_end(await job(conn, "other"), others, "succeeded", at(50), at(100), TUNING),
+        ]
+        await apply_endings(conn, endings, at(100), TUNING)
+        assert await usage(conn, "vision") == (None if charged is None else (charged, at(100)))
+        assert await usage(conn, "speech") == (50.0, at(100))
+
+
 async def test_usage_decays_to_now_before_the_charge(pool: asyncpg.Pool) -> None:
     async with pool.acquire() as conn, conn.transaction():
         await charge_usage(conn, "vision", 100.0, at(0), HOUR)

@@ -426,6 +426,44 @@ def test_no_other_ending_says_a_platform_failure(kind: Any, report: JobFailed | 
     assert len(released) == 2 and not any(r.platform_failure for r in released)
 
 
+@pytest.mark.parametrize("platform_retries", [0, TUNING.platform_retries])
+def test_an_attempt_failed_through_the_platform_adds_nothing_to_the_team_s_usage(
+    platform_retries: int,
+) -> None:
+    """Billing charges such an attempt, every member of it, to the platform; the team's fair
+    share must not count it either (before, its 2x90 + 1x80 GPU-seconds were charged)."""
+    ending = plan(
+        job(platform_retries=platform_retries),
+        "failed",
+        reported_s=90,
+        now_s=100,
+        reporter=B.allocation_id,
+        failed=failed_report("platform_error", finished_s=95),
+    )
+    assert len(ending.releases) == 2
+    assert ending.gpu_seconds == 0.0
+
+
+@pytest.mark.parametrize(
+    ("kind", "report"),
+    [
+        ("failed", failed_report("user_error")),
+        ("failed", failed_report("out_of_memory")),
+        ("failed", None),
+        ("lost", None),
+        ("preempted", None),
+        ("succeeded", None),
+    ],
+)
+def test_every_other_ending_charges_the_members_time_to_the_team(
+    kind: Any, report: JobFailed | None
+) -> None:
+    """The job's own failure, a lost node, a preemption and a success are the team's, as in
+    billing: 2 GPUs from 0 s and 1 GPU from 10 s, released at 90 s."""
+    ending = plan(job(), kind, reported_s=90, now_s=100, reporter=B.allocation_id, failed=report)
+    assert ending.gpu_seconds == 2 * 90 + 1 * 80
+
+
 def test_a_fence_revocation_is_one_event_per_allocation_and_node() -> None:
     envelope, _ = fence_revocation(A, "node-z", 2.5)
     assert envelope.id == f"fence:{A.allocation_id}:node-z"
