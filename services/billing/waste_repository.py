@@ -313,7 +313,10 @@ async def record_heartbeat(conn: asyncpg.Connection, beat: RunnerHeartbeat) -> b
     gpus = min(beat.gpu_count, supply["gpu_count"])
     held = await conn.fetch(_HELD, beat.node_id, previous["sent_at"], beat.sent_at, running)
     free = gpus - sum(h["gpus"] for h in held)
-    if free <= 0 or not await conn.fetchval(_WAITING, flavor, beat.sent_at):
+    if free <= 0:
+        return False
+    await _lock_waiting(conn, flavor)  # then read: a grant or end committed is seen
+    if not await conn.fetchval(_WAITING, flavor, beat.sent_at):
         return False
     await conn.execute(
         """INSERT INTO waste_unallocated (node_id, gpu_flavor, free_gpus, started_at, ended_at,
@@ -371,12 +374,30 @@ async def hold(
     )
 
 
+async def _lock_waiting(conn: asyncpg.Connection, flavor: str) -> None:
+    """Take the flavor's waiting lock (transaction scope): a heartbeat of any node of the
+    flavor takes it before it reads whether a job waits (``_WAITING``) and records its
+    interval, and ``recheck_waiting`` before it judges the intervals again. So a grant, a
+    job's end or a refusal handled at once with a heartbeat of another node of its flavor
+    (in another replica) either commits first, and the heartbeat's read sees it, or waits
+    for the heartbeat's commit, and its recheck sees the interval. Without it each read the
+    database without the other's change: the heartbeat found the job waiting, the recheck
+    found no interval to take back, and GPUs counted free while that job waited were
+    counted though it held its grant (the figure erred high). Heartbeats of one node wait
+    for each other on its row (``record_heartbeat``), not on this."""
+    await conn.execute(
+        "SELECT pg_advisory_xact_lock(hashtextextended('billing:waiting:' || $1, 0))", flavor
+    )
+
+
 async def recheck_waiting(conn: asyncpg.Connection, flavor: str, since: datetime) -> None:
     """Judge again whether a job of ``flavor`` was waiting at each heartbeat from ``since``
     on that found one (``_WAITING_AT``), now that billing knows more: a grant, a job's end or
-    a refusal handled after those heartbeats (another subject: any order). An unallocated
-    interval whose heartbeat no job was waiting at is gone. (The other way, a job billing
-    learns of later, no interval is made: what a heartbeat did not record is not known.)"""
+    a refusal handled after those heartbeats (another subject: any order), or at once with
+    them in another replica (``_lock_waiting``). An unallocated interval whose heartbeat no
+    job was waiting at is gone. (The other way, a job billing learns of later, no interval
+    is made: what a heartbeat did not record is not known.)"""
+    await _lock_waiting(conn, flavor)
     await conn.execute(
         "DELETE FROM waste_unallocated w WHERE w.ended_at >= $2 AND w.gpu_flavor = $1 "
         f"AND NOT {_WAITING_AT.format(flavor='$1', at='w.ended_at')}",

@@ -18,7 +18,7 @@ import asyncpg
 import httpx
 import pytest
 
-from tests.integration.billing.conftest import feed
+from tests.integration.billing.conftest import feed, until
 from tests.integration.billing.test_waste import (
     H,
     at,
@@ -402,6 +402,70 @@ async def test_a_grant_and_a_heartbeat_of_its_node_handled_at_once_count_its_gpu
         await heartbeat
         await beating_tx.commit()
     assert await free_gpus(pool, "n-23") == [4]
+
+
+async def _done_or_waiting_on_a_lock(
+    pool: asyncpg.Pool, task: asyncio.Task[None], conn: asyncpg.Connection
+) -> None:
+    """Wait until ``task`` (running on ``conn``) has finished, or waits on a lock another
+    transaction holds: it has read all it can before that one commits."""
+    pid = conn.get_server_pid()
+
+    async def settled() -> bool:
+        if task.done():
+            return True
+        return bool(
+            await pool.fetchval(
+                "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1", pid
+            )
+        )
+
+    await until(settled)
+
+
+@pytest.mark.parametrize("first", ["grant", "heartbeat"])
+async def test_a_grant_and_a_heartbeat_of_another_node_handled_at_once_count_no_wait(
+    pool: asyncpg.Pool, first: str
+) -> None:
+    """w25, the only job of the flavor ``h25``, is granted n-25a's GPUs at 120:00 by one
+    replica while another handles n-25b's heartbeat of 120:01, both uncommitted, the one
+    or the other first. No job of ``h25`` was waiting at 120:01, so n-25b's 8 free GPUs
+    from 120:00 count nothing, whichever commits first. Before, each read the database
+    without the other's change: the heartbeat found w25 waiting (its grant not committed)
+    and recorded the interval, and the grant's recheck found no interval to take back (the
+    heartbeat's not committed): 8 GPU-minutes counted unallocated while nothing waited."""
+    job = spec("ml", "bob", "h25", 1, "high")
+    await feed(
+        pool,
+        submitted("w25", job, at(119)),
+        supplied("n-25a", at(119), flavor="h25"),
+        supplied("n-25b", at(119), flavor="h25"),
+        beat("n-25b", at(120), []),
+    )
+    grant = granted("a-25", "w25", job, "n-25a", at(120), "ml-q")
+    second = beat("n-25b", at(120 + 1 / 60), [])
+    assert isinstance(second.data, RunnerHeartbeat)
+    heartbeat = second.data
+    async with pool.acquire() as granting, pool.acquire() as beating:
+
+        async def grant_it() -> None:
+            await BillingHandlers().dispatch(grant, granting)
+
+        async def beat_it() -> None:
+            await waste_repository.record_heartbeat(beating, heartbeat)
+
+        handlers = {granting: grant_it, beating: beat_it}
+        one, other = (granting, beating) if first == "grant" else (beating, granting)
+        one_tx, other_tx = one.transaction(), other.transaction()
+        await one_tx.start()
+        await other_tx.start()
+        await handlers[one]()
+        later = asyncio.create_task(handlers[other]())
+        await _done_or_waiting_on_a_lock(pool, later, other)
+        await one_tx.commit()
+        await later
+        await other_tx.commit()
+    assert await free_gpus(pool, "n-25b") == []
 
 
 async def test_a_job_s_end_judges_again_only_the_intervals_since_its_submission(
