@@ -109,12 +109,13 @@ class BillingHandlers:
         match envelope.data:
             case AllocationGranted() as grant:
                 if await repo.insert_announced(conn, grant, envelope.id, self._clock()):
-                    await self._success_before_grant(conn, grant)
-                    # Heartbeats of its node handled before it counted its GPUs free.
+                    # Heartbeats of its node handled before it counted its GPUs free. First:
+                    # the node's lock before its flavor's, as a heartbeat takes them.
                     gpus = len(grant.gpu_indices)
                     await waste.hold(
                         conn, grant.allocation_id, grant.node_id, gpus, grant.granted_at, None
                     )
+                    await self._success_before_grant(conn, grant)
                     # ... and may have found its job waiting.
                     await waste.recheck_waiting(conn, grant.spec.gpu_flavor, grant.granted_at)
                 await waste.record_grant(conn, grant, self._clock())

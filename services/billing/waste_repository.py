@@ -384,7 +384,9 @@ async def _lock_waiting(conn: asyncpg.Connection, flavor: str) -> None:
     database without the other's change: the heartbeat found the job waiting, the recheck
     found no interval to take back, and GPUs counted free while that job waited were
     counted though it held its grant (the figure erred high). Heartbeats of one node wait
-    for each other on its row (``record_heartbeat``), not on this."""
+    for each other on its row (``record_heartbeat``), not on this. Where one event takes
+    both, it takes the node's row lock first (a heartbeat, a grant's ``hold``), so two
+    events each in its own transaction never deadlock on them."""
     await conn.execute(
         "SELECT pg_advisory_xact_lock(hashtextextended('billing:waiting:' || $1, 0))", flavor
     )
