@@ -4,7 +4,8 @@ The real scheduler (leader work and outbox relay) and billing's real consumer (i
 handlers, ledger, outbox) run on NATS and PostgreSQL (each its own schema). A job of two
 nodes is granted on n1 and n2; n1's runner reports a ``platform_error``; the scheduler
 releases both members for it and fences n2, whose runner reports only its stop
-(``job.preempted``, fenced). Billing must charge both allocations to the platform.
+(``job.preempted``, fenced). Billing must charge both allocations to the platform, and the
+scheduler must add neither to the team's fair-share usage.
 """
 
 from __future__ import annotations
@@ -81,10 +82,11 @@ def platform_failure(grant: AllocationGranted) -> JobFailed:
 
 
 async def test_every_member_of_a_gang_that_failed_through_the_platform_is_the_platform_s(
-    scheduler_with: Tuned, billing: asyncpg.Pool
+    scheduler_with: Tuned, billing: asyncpg.Pool, pool: asyncpg.Pool
 ) -> None:
     """Before, only n1's allocation (whose runner reported the failure) was charged to the
-    platform; n2's, released by the same decision and fenced, was billed to the team."""
+    platform; n2's, released by the same decision and fenced, was billed to the team. And
+    the scheduler added both members' time to the team's fair-share usage all the same."""
     scheduler = await scheduler_with(platform_retries=0)  # the job fails: no new attempt
     await scheduler.heartbeat("n1", gpus=1)
     await scheduler.heartbeat("n2", gpus=1)
@@ -98,6 +100,8 @@ async def test_every_member_of_a_gang_that_failed_through_the_platform_is_the_pl
     releases = await scheduler.wait_for(AllocationReleased, count=2)
     assert {r.allocation_id for r in releases} == members
     assert all(r.outcome == "failed" and r.platform_failure for r in releases), releases
+    # Released (and said) in the transaction that would have charged the team's usage.
+    assert await pool.fetchval("SELECT gpu_seconds FROM usage WHERE team = 'vision'") is None
     revoked = await scheduler.wait_for(AllocationRevoked)
     assert [(r.allocation_id, r.reason) for r in revoked] == [(peer.allocation_id, "fenced")]
     # The fenced runner reports its stop, no failure of its own (the scheduler ignores it).
