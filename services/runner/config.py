@@ -16,6 +16,7 @@ from pydantic_settings import SettingsConfigDict
 from trainyard_platform.services.runner.checkpoints import MAX_CHECKPOINT_BYTES
 from trainyard_platform.services.runner.disk_watch import GIB
 from trainyard_platform.services.runner.environments import DEFAULT_MAX_SHARE
+from trainyard_platform.services.runner.git_remote import PrivateAllowed, allow_entry
 from trainyard_platform.shared.events.payloads import MAX_METRIC_POINTS, MAX_NODE_GPUS
 from trainyard_platform.shared.settings import GuardedServiceSettings, Port, jetstream_duration
 from trainyard_platform.shared.worst_case import KILL_GRACE_SECONDS
@@ -37,6 +38,11 @@ def default_node_id(hostname: str | None = None) -> str:
     name = (hostname if hostname is not None else socket.gethostname()).lower()
     cleaned = re.sub(r"[^a-z0-9-]+", "-", name)[:63].strip("-")
     return cleaned or "node"
+
+
+def _allowed_entry(value: str) -> str:
+    allow_entry(value)  # ValueError saying what an entry may be
+    return value
 
 
 class Settings(GuardedServiceSettings):
@@ -100,6 +106,17 @@ class Settings(GuardedServiceSettings):
     beyond the node, while its ranks still reach each other on ``127.0.0.1``. ``host``: the
     node's network, as every other process of the host. A gang across nodes, and a runner
     that cannot make a namespace (not root; it says so at its start), use the host's."""
+    git_allow_private: list[Annotated[str, AfterValidator(_allowed_entry)]] = Field(
+        default_factory=list
+    )
+    """Networks (``10.1.0.0/16``, ``fd00::/8``, one address) and host names
+    (``git.internal.example``, exactly that name) a job's git repository may be fetched
+    from although they are not public. git fetches a job's code in the host's network, so
+    by default a repository whose host is or resolves to a loopback, private, link-local,
+    CGNAT, unique-local or otherwise not globally routable address is refused as the job's
+    input before anything is sent (``git_remote``): a tenant cannot make the node ask its
+    internal services. Allow here a company's own git server; everything of the node's
+    network that this covers is then reachable by any tenant's repository URL."""
     job_max_processes: int = Field(default=16384, ge=16)
     """Processes and threads a job's user may have at once (``RLIMIT_NPROC``; only where
     jobs run as users of their own): a fork bomb spends its own budget, not the host's."""
@@ -179,6 +196,11 @@ class Settings(GuardedServiceSettings):
     """How often a running job's disk use is measured."""
     log_tail_lines: int = Field(default=40, ge=1)
     """Lines of output carried in ``job.failed``."""
+
+    @property
+    def git_private_allowed(self) -> PrivateAllowed:
+        """``git_allow_private``, parsed."""
+        return PrivateAllowed.parse(self.git_allow_private)
 
     @property
     def sandboxes_dir(self) -> Path:

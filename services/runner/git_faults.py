@@ -5,7 +5,7 @@ Every reason names ``spec.code.repository`` or ``spec.code.commit``: the job's o
 it in the job's history, and the field tells where to look. Only what would fail the same
 way on any node at any time is the job's input (``job_input``: ``user_error``, not
 retried): a commit the repository lacks, no repository there, one that asks for
-credentials, a transport git refuses. Everything else may pass and is the platform's
+credentials, a redirect (never followed: ``git_remote``), a transport git refuses. Everything else may pass and is the platform's
 (``platform_error``, retried), its reason naming the field all the same.
 
 A host that does not resolve stays the platform's: from git's words (curl's "Could not
@@ -48,6 +48,12 @@ class GitFault:
 
 REPOSITORY = "spec.code.repository"
 COMMIT = "spec.code.commit"
+UNRESOLVED = (
+    "its host name did not resolve from this node (mistyped, or this node's DNS "
+    "failing: the two look the same, so it is retried as the platform's)"
+)
+"""What a host that does not resolve is said to be, by git or by the runner's own lookup
+before it (``git_remote``)."""
 
 _FAULTS: tuple[tuple[re.Pattern[str], str, str, bool], ...] = tuple(
     (re.compile(pattern, re.IGNORECASE), field, what, job_input)
@@ -61,7 +67,7 @@ _FAULTS: tuple[tuple[re.Pattern[str], str, str, bool], ...] = tuple(
         ),
         (
             r"does not appear to be a git repository|repository '[^']*' not found"
-            r"|returned error: 404",
+            r"|returned error: 404|repository not exported|no such repository",
             REPOSITORY,
             "no git repository there",
             True,
@@ -71,6 +77,13 @@ _FAULTS: tuple[tuple[re.Pattern[str], str, str, bool], ...] = tuple(
             r"|authentication failed|permission denied \(publickey",
             REPOSITORY,
             "the repository asks for credentials, and jobs fetch without any",
+            True,
+        ),
+        (
+            r"returned error: 30\d",
+            REPOSITORY,
+            "its server answers with a redirect, which this node does not follow (where it "
+            "leads is never checked): name the repository where it now is",
             True,
         ),
         (
@@ -84,8 +97,7 @@ _FAULTS: tuple[tuple[re.Pattern[str], str, str, bool], ...] = tuple(
             r"could not resolve host|could not resolve hostname|unable to look up"
             r"|name or service not known|temporary failure in name resolution",
             REPOSITORY,
-            "its host name did not resolve from this node (mistyped, or this node's DNS "
-            "failing: the two look the same, so it is retried as the platform's)",
+            UNRESOLVED,
             False,
         ),
         (

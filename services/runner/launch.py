@@ -239,7 +239,9 @@ def fetch(
         raise NodeFault(f"could not make the job's sandbox on this node: {exc}") from exc
     # What the job asked for: its failures say whose fault they are (``sandbox``).
     with within_disk_limit(box, settings):
-        code_id = fetch_code(grant.spec, store, box, settings.job_max_processes)
+        code_id = fetch_code(
+            grant.spec, store, box, settings.job_max_processes, settings.git_private_allowed
+        )
         resumed = resume_from(grant, settings, store, box.checkpoints)
     return Fetched(box, code_id, resumed)
 

@@ -28,7 +28,8 @@ bundle, no devices, no name a file system cannot hold, bounded size), and unpack
 with the node's folder before it, an encoding it does not take: ``BUNDLE_ERRNOS``) fails the
 job as its own error naming the entry; the node's disk failing (full, read-only, I/O
 errors) is the node's. A git source
-is cloned and the named commit checked out and verified. A bundle the object store cannot
+is fetched, only by https, ssh or git and only from a public address unless the operator
+allows the network (``git_remote``), and the named commit checked out and verified. A bundle the object store cannot
 serve now (unreachable, not answering: ``bus.infrastructure_fault``) is no fault of the
 job: that error is raised as it is, and the runner lets the grant come again instead of
 failing it.
@@ -67,8 +68,18 @@ from trainyard_platform.services.runner.checkpoints import file_sha256
 from trainyard_platform.services.runner.git_faults import (
     COMMIT,
     REPOSITORY,
+    UNRESOLVED,
+    GitFault,
     git_fault,
     git_not_run,
+)
+from trainyard_platform.services.runner.git_remote import (
+    PUBLIC_ONLY,
+    FetchPlan,
+    HostUnresolved,
+    PrivateAllowed,
+    RemoteRefused,
+    fetch_plan,
 )
 from trainyard_platform.services.runner.netns import enter_own_network
 from trainyard_platform.services.runner.node_faults import NODE_ERRNOS, node_fault
@@ -528,11 +539,16 @@ def bundle_key(team: str, sha256: str) -> str:
 
 
 def fetch_code(
-    spec: JobSpec, store: ObjectStore, box: Sandbox, max_processes: int | None = None
+    spec: JobSpec,
+    store: ObjectStore,
+    box: Sandbox,
+    max_processes: int | None = None,
+    private_allowed: PrivateAllowed = PUBLIC_ONLY,
 ) -> str | None:
     """Put the job's code into ``box.code``; returns the code's identity (``sha256:...`` or
     ``git:<commit>``), None when the spec names no code. Raises ``PlatformError``.
-    ``max_processes``: the job's process budget, which git, run as the job, has too."""
+    ``max_processes``: the job's process budget, which git, run as the job, has too;
+    ``private_allowed``: what git may fetch from although not public (``git_remote``)."""
     code = spec.code
     if code is None:
         return None
@@ -540,7 +556,7 @@ def fetch_code(
         fetch_bundle(store, spec.team, code, box.code)
         return f"sha256:{code.sha256}"
     assert isinstance(code, CodeGit)
-    checkout_git(code, box.code, box.user, box.home, max_processes, box.cgroup)
+    checkout_git(code, box.code, box.user, box.home, max_processes, box.cgroup, private_allowed)
     return f"git:{code.commit}"
 
 
@@ -663,6 +679,7 @@ def checkout_git(
     home: Path,
     max_processes: int | None = None,
     cgroup: JobCgroup | None = None,
+    private_allowed: PrivateAllowed = PUBLIC_ONLY,
 ) -> None:
     """Fetch ``code.commit`` of ``code.repository`` into ``dest`` (empty) as the job's
     ``user`` (``home`` its HOME), never as the runner: the repository is the tenant's
@@ -671,7 +688,10 @@ def checkout_git(
     keys), nor parse what a hostile server sends with the runner's privileges. It runs
     under the job's own limits too (``max_processes`` and its ``cgroup``: ``AsJob``,
     ``job_preexec``): what the tenant's server or repository makes git do spends the job's
-    budget, not the host's."""
+    budget, not the host's. git runs in the host's network, so before it runs the
+    repository is judged and git held to what was judged (``git_remote.fetch_plan``: its
+    transport, its host's addresses, public or in ``private_allowed``): one refused fails as
+    the job's input, naming the field and why, and nothing is sent to its host."""
     if code.repository.startswith("-"):
         # The API refuses it, but a grant may come from another producer: given to git
         # fetch, ``--upload-pack=<command>`` runs a command, in the host's network.
@@ -679,6 +699,7 @@ def checkout_git(
             f"{REPOSITORY}: {code.repository[:100]!r} starts with '-': a repository is a URL "
             "or a path, never an option of git"
         )
+    plan = _fetch_plan(code.repository, private_allowed)
     if user.uid is not None and user.gid is not None:
         os.chown(dest, user.uid, user.gid)
     as_job = AsJob(
@@ -689,15 +710,18 @@ def checkout_git(
             "LANG": "C.UTF-8",
             "GIT_TERMINAL_PROMPT": "0",
             "GIT_CONFIG_NOSYSTEM": "1",
+            **plan.env,
         },
         max_processes=max_processes,
         cgroup=cgroup,
     )
+    # On git's command line, where no config of the repository's can change them.
+    options = [arg for option in plan.options for arg in ("-c", option)]
 
     def git(*args: str) -> str:
         # Every reason names the spec field and what happened (``git_faults``).
         try:
-            result = as_job.run(["git", *args], cwd=dest, timeout=600)
+            result = as_job.run(["git", *options, *args], cwd=dest, timeout=600)
         except OutputTooLarge as exc:  # what the tenant's server or repository made it say
             raise JobInputError(
                 f"{REPOSITORY}: git {args[0]} of {code.repository}: {exc}"
@@ -716,7 +740,7 @@ def checkout_git(
         return result.stdout.decode(errors="replace").strip()
 
     git("init", "-q")
-    git("fetch", "-q", "--depth", "1", "--", code.repository, code.commit)  # never an option
+    git("fetch", "-q", "--depth", "1", "--", plan.url, code.commit)  # never an option
     git("checkout", "-q", "FETCH_HEAD")
     head = git("rev-parse", "HEAD")
     if head != code.commit:
@@ -726,6 +750,18 @@ def checkout_git(
             f"{COMMIT}: the checkout of {code.repository} on this node gave {head}, "
             f"not {code.commit} (is it the id of a tag rather than of a commit?)"
         )
+
+
+def _fetch_plan(repository: str, private_allowed: PrivateAllowed) -> FetchPlan:
+    """``git_remote.fetch_plan``, its refusal the job's input and a host that does not
+    resolve the platform's (as when git says so), each naming the field."""
+    try:
+        return fetch_plan(repository, private_allowed)
+    except RemoteRefused as exc:
+        raise JobInputError(f"{REPOSITORY}: {repository[:200]!r} {exc}") from None
+    except HostUnresolved as exc:
+        detail = f"resolving the host of {repository} before git fetch: {exc}"
+        raise PlatformError(GitFault(REPOSITORY, UNRESOLVED, False).reason(detail)) from None
 
 
 # --- processes left behind -----------------------------------------------------------

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import http.server
 import json
 import logging
 import os
@@ -16,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from tests.fixtures.git_servers import Listener, git_daemon, git_error
 from tests.fixtures.json_log import json_lines
 from tests.integration.runner.conftest import (
     EventLog,
@@ -538,20 +538,11 @@ async def test_a_git_server_failing_or_a_host_not_resolving_never_counts_against
     # Before: both ended platform_error counted towards the node's cordon, so a tenant
     # pointing jobs at a server answering 503 (or at a host that does not resolve) took the
     # nodes they were placed on out of service. Retried, but never held against the node.
-    class Failing(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # the standard library's name
-            self.send_error(503, "Service Unavailable")
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Failing)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    # (The failing server answers git://: a node fetches by no http://, ``git_remote``.)
+    with Listener(git_error("Service Unavailable")) as server:
         await start_runner(settings)
         repositories = {
-            "503": f"http://127.0.0.1:{server.server_address[1]}/team/repo.git",
+            "unavailable": f"git://127.0.0.1:{server.port}/team/repo.git",
             "no such host": "https://gti.example.invalid/x.git",
         }
         for what, repository in repositories.items():
@@ -565,9 +556,49 @@ async def test_a_git_server_failing_or_a_host_not_resolving_never_counts_against
             assert failed.failure_kind == "platform_error", what
             assert not failed.node_fault, what
             assert failed.reason.startswith("spec.code.repository: "), failed.reason
-    finally:
-        server.shutdown()
-        server.server_close()
+        assert server.accepted >= 1, "the failing server was never asked"
+    assert launched(launches) == []
+
+
+@pytest.mark.parametrize("scheme", ["https", "git"])
+async def test_a_repository_on_an_address_that_is_not_public_is_never_asked(
+    settings: Settings,
+    start_runner: StartRunner,
+    bus: Bus,
+    events: EventLog,
+    launches: Path,
+    scheme: str,
+) -> None:
+    """git fetches a job's code in the host's network: a repository on loopback (NATS, the
+    object store, any service of the node) was asked, and what it answered came back in
+    the job's failure reason (SSRF). Refused as the job's input before anything is sent,
+    unless the operator allows the network (``TRAINYARD_RUNNER_GIT_ALLOW_PRIVATE``)."""
+    with Listener() as server:
+        repository = f"{scheme}://127.0.0.1:{server.port}/team/repo.git"
+        public_only = settings.model_copy(update={"git_allow_private": []})
+        runner = await start_runner(public_only)
+        allocation = grant(public_only.node_id, ["succeed", str(launches)])
+        code = CodeGit(repository=repository, commit="0" * 40)
+        spec = allocation.spec.model_copy(update={"code": code})
+        await publish(bus, allocation.model_copy(update={"spec": spec}), public_only.node_id)
+        failed = await events.first(JobFailed, allocation.job_id, timeout=60)
+        assert failed.failure_kind == "user_error" and not failed.node_fault
+        assert failed.reason.startswith(
+            f"spec.code.repository: {repository!r} names the address 127.0.0.1, a loopback "
+            "address; this node fetches code only from public addresses"
+        ), failed.reason
+        assert server.accepted == 0, "the node asked an address the tenant named"
+        await runner.shutdown()
+
+        # Allowed by the operator, the same repository is fetched from (and fails: the
+        # server answers nothing).
+        await start_runner(settings)
+        allocation = grant(settings.node_id, ["succeed", str(launches)])
+        spec = allocation.spec.model_copy(update={"code": code})
+        await publish(bus, allocation.model_copy(update={"spec": spec}), settings.node_id)
+        failed = await events.first(JobFailed, allocation.job_id, timeout=60)
+        assert failed.reason.startswith("spec.code.repository: "), failed.reason
+        assert server.accepted >= 1, "the allowed repository was never asked"
     assert launched(launches) == []
 
 
@@ -977,12 +1008,15 @@ async def test_a_repository_that_does_not_exist_fails_as_the_jobs_own_error(
     # retries, though every node would fail it the same way: the repository is the job's.
     await start_runner(settings)
     allocation = grant(settings.node_id, ["succeed", str(launches)])
-    code = CodeGit(repository=str(settings.work_dir / "no-such-repo"), commit="0" * 40)
-    allocation = allocation.model_copy(
-        update={"spec": allocation.spec.model_copy(update={"code": code})}
-    )
-    await publish(bus, allocation, settings.node_id)
-    failed = await events.first(JobFailed, allocation.job_id)
+    served = settings.work_dir / "served"
+    served.mkdir(parents=True)
+    with git_daemon(served) as port:
+        code = CodeGit(repository=f"git://127.0.0.1:{port}/no-such-repo", commit="0" * 40)
+        allocation = allocation.model_copy(
+            update={"spec": allocation.spec.model_copy(update={"code": code})}
+        )
+        await publish(bus, allocation, settings.node_id)
+        failed = await events.first(JobFailed, allocation.job_id)
     assert failed.exit_code is None and failed.failure_kind == "user_error"
     assert failed.reason.startswith("spec.code.repository: no git repository there;")
     assert not events.of(JobStarted, allocation.job_id)

@@ -17,9 +17,11 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
-from trainyard_platform.services.runner import sandbox
+from tests.fixtures.git_servers import git_daemon
+from trainyard_platform.services.runner import git_remote, sandbox
 from trainyard_platform.services.runner.config import Settings as RunnerSettings
 from trainyard_platform.services.runner.git_faults import git_fault
+from trainyard_platform.services.runner.git_remote import PUBLIC_ONLY, PrivateAllowed
 from trainyard_platform.services.runner.sandbox import (
     AsJob,
     JobInputError,
@@ -133,9 +135,13 @@ def git(cwd: Path, *args: str) -> str:
     return done.stdout.strip()
 
 
+LOOPBACK = PrivateAllowed.parse(["127.0.0.0/8"])
+"""What the tests' git servers need a runner to allow (loopback is no public address)."""
+
+
 def test_code_named_by_git_commit_is_checked_out_at_that_commit(tmp_path: Path) -> None:
-    repo = tmp_path / "repo"
-    repo.mkdir()
+    repo = tmp_path / "served" / "repo"
+    repo.mkdir(parents=True)
     git(repo, "init", "-q")
     (repo / "train.py").write_text("print('v1')\n")
     git(repo, "add", "train.py")
@@ -145,27 +151,58 @@ def test_code_named_by_git_commit_is_checked_out_at_that_commit(tmp_path: Path) 
     git(repo, "-c", "user.name=t", "-c", "user.email=t@e", "commit", "-qam", "v2")
     dest = tmp_path / "code"
     dest.mkdir()
-    checkout_git(CodeGit(repository=str(repo), commit=first), dest, RUNNERS, tmp_path)
-    assert (dest / "train.py").read_text() == "print('v1')\n"
-    missing = tmp_path / "other"
-    missing.mkdir()
-    with pytest.raises(PlatformError, match="git fetch"):
-        checkout_git(CodeGit(repository=str(repo), commit="0" * 40), missing, RUNNERS, tmp_path)
+    with git_daemon(tmp_path / "served") as port:
+        url = f"git://127.0.0.1:{port}/repo"
+        checkout_git(
+            CodeGit(repository=url, commit=first), dest, RUNNERS, tmp_path, None, None, LOOPBACK
+        )
+        assert (dest / "train.py").read_text() == "print('v1')\n"
+        missing = tmp_path / "other"
+        missing.mkdir()
+        with pytest.raises(PlatformError, match="git fetch"):
+            checkout_git(
+                CodeGit(repository=url, commit="0" * 40),
+                missing,
+                RUNNERS,
+                tmp_path,
+                None,
+                None,
+                LOOPBACK,
+            )
 
-    if os.geteuid() == 0:
-        # As the job's user, git reaches only what the job could: not the runner's files
-        # (pytest's folder is root's alone), nor its keys.
-        job = JobUser(290_003, 290_003)
-        sandbox = Path(tempfile.mkdtemp(prefix="trainyard-test-"))  # the job may pass
-        try:
-            sandbox.chmod(0o711)
-            theirs = sandbox / "code"
-            theirs.mkdir()
-            with pytest.raises(PlatformError, match="git fetch"):
-                checkout_git(CodeGit(repository=str(repo), commit=first), theirs, job, theirs)
-            assert not (theirs / "train.py").exists()
-        finally:
-            shutil.rmtree(sandbox)
+
+@pytest.mark.parametrize("form", ["path", "file://", "file:", "ext::", "http://"])
+def test_a_repository_on_the_nodes_own_files_or_by_another_transport_is_never_fetched(
+    tmp_path: Path, form: str
+) -> None:
+    """git fetches a path or a ``file://`` URL by default, from the node's files (the
+    runner's code folder, other jobs' repositories, as far as the job's user may read),
+    runs the command of ``ext::``, and ``http://`` is not among the transports the API
+    takes: each is refused before git runs, whatever networks the operator allows."""
+    repo, first = one_commit_repo(tmp_path)
+    marker = tmp_path / "ran"
+    repository = {
+        "path": str(repo),
+        "file://": repo.as_uri(),
+        "file:": f"file:{repo}",
+        "ext::": f"ext::sh -c touch% {marker}",
+        "http://": "http://127.0.0.1:1/x.git",
+    }[form]
+    everything = PrivateAllowed.parse(["0.0.0.0/0", "::/0"])
+    dest = tmp_path / "code"
+    dest.mkdir()
+    with pytest.raises(JobInputError) as raised:
+        checkout_git(
+            CodeGit(repository=repository, commit=first),
+            dest,
+            RUNNERS,
+            tmp_path,
+            None,
+            None,
+            everything,
+        )
+    assert str(raised.value).startswith(f"spec.code.repository: {repository!r} is not an https://")
+    assert list(dest.iterdir()) == [] and not marker.exists()
 
 
 RUNNERS = JobUser(None, None)
@@ -173,8 +210,8 @@ RUNNERS = JobUser(None, None)
 
 
 def one_commit_repo(tmp_path: Path) -> tuple[Path, str]:
-    repo = tmp_path / "repo"
-    repo.mkdir()
+    repo = tmp_path / "served" / "repo"
+    repo.mkdir(parents=True)
     git(repo, "init", "-q")
     (repo / "train.py").write_text("print('v1')\n")
     git(repo, "add", "train.py")
@@ -182,11 +219,13 @@ def one_commit_repo(tmp_path: Path) -> tuple[Path, str]:
     return repo, git(repo, "rev-parse", "HEAD")
 
 
-def checkout_fails(tmp_path: Path, code: CodeGit) -> PlatformError:
+def checkout_fails(
+    tmp_path: Path, code: CodeGit, allowed: PrivateAllowed = PUBLIC_ONLY
+) -> PlatformError:
     dest = tmp_path / "code"
     dest.mkdir()
     with pytest.raises(PlatformError) as raised:
-        checkout_git(code, dest, RUNNERS, tmp_path)
+        checkout_git(code, dest, RUNNERS, tmp_path, private_allowed=allowed)
     return raised.value
 
 
@@ -195,8 +234,10 @@ def test_a_commit_the_repository_lacks_is_the_jobs_input_naming_the_field(
 ) -> None:
     # Before: a PlatformError like any other, so the job failed as platform_error (and
     # would now be retried to fail the same way): the commit is the tenant's input.
-    repo, _ = one_commit_repo(tmp_path)
-    error = checkout_fails(tmp_path, CodeGit(repository=str(repo), commit="0" * 40))
+    one_commit_repo(tmp_path)
+    with git_daemon(tmp_path / "served") as port:
+        code = CodeGit(repository=f"git://127.0.0.1:{port}/repo", commit="0" * 40)
+        error = checkout_fails(tmp_path, code, LOOPBACK)
     assert isinstance(error, JobInputError) and failure_kind(error) == "user_error"
     assert str(error).startswith("spec.code.commit: the repository has no such commit; git fetch")
 
@@ -204,7 +245,10 @@ def test_a_commit_the_repository_lacks_is_the_jobs_input_naming_the_field(
 def test_a_repository_that_does_not_exist_is_the_jobs_input_naming_the_field(
     tmp_path: Path,
 ) -> None:
-    error = checkout_fails(tmp_path, CodeGit(repository=str(tmp_path / "nope"), commit="0" * 40))
+    (tmp_path / "served").mkdir()
+    with git_daemon(tmp_path / "served") as port:
+        code = CodeGit(repository=f"git://127.0.0.1:{port}/nope", commit="0" * 40)
+        error = checkout_fails(tmp_path, code, LOOPBACK)
     assert isinstance(error, JobInputError) and failure_kind(error) == "user_error"
     assert str(error).startswith("spec.code.repository: no git repository there; git fetch")
 
@@ -227,7 +271,7 @@ def test_a_repository_that_looks_like_an_option_is_never_taken_for_one(tmp_path:
 def test_a_repository_that_cannot_be_reached_now_is_the_platforms(tmp_path: Path) -> None:
     # Nothing listens on port 1: a server away is no fault of the job's, and may pass.
     code = CodeGit(repository="https://127.0.0.1:1/team/repo.git", commit="0" * 40)
-    error = checkout_fails(tmp_path, code)
+    error = checkout_fails(tmp_path, code, LOOPBACK)
     assert not isinstance(error, JobInputError) and failure_kind(error) == "platform_error"
     assert "git fetch of https://127.0.0.1:1/team/repo.git failed" in str(error)
 
@@ -311,7 +355,10 @@ def test_a_host_that_does_not_resolve_is_the_platforms_naming_the_field(tmp_path
         "spec.code.repository: its host name did not resolve from this node (mistyped, or "
         "this node's DNS failing"
     )
-    assert "git fetch of https://gti.example.invalid/x.git failed: " in str(error)
+    # Resolved by the runner before git runs (``git_remote``), never by git again.
+    assert "resolving the host of https://gti.example.invalid/x.git before git fetch: " in str(
+        error
+    )
 
 
 def test_git_that_cannot_run_names_the_field(
@@ -321,6 +368,7 @@ def test_git_that_cannot_run_names_the_field(
         raise subprocess.TimeoutExpired(argv, timeout)
 
     monkeypatch.setattr(AsJob, "run", run)
+    monkeypatch.setattr(git_remote, "resolve", lambda host, port: ["140.82.112.3"])
     error = checkout_fails(tmp_path, CodeGit(repository="https://h/x.git", commit="0" * 40))
     assert failure_kind(error) == "platform_error"
     assert str(error).startswith("spec.code.repository: git init could not run to its end")
@@ -339,6 +387,7 @@ def test_git_runs_under_the_jobs_process_limit(
         return done
 
     monkeypatch.setattr(AsJob, "run", run)
+    monkeypatch.setattr(git_remote, "resolve", lambda host, port: ["140.82.112.3"])
     box = sandbox.Sandbox(tmp_path, JobUser(None, None))
     spec = JobSpec(
         name="j",
@@ -770,6 +819,7 @@ def test_git_printing_past_the_bound_is_the_jobs_input_naming_the_field(
         raise sandbox.OutputTooLarge("git printed more than 16 bytes on stderr")
 
     monkeypatch.setattr(AsJob, "run", run)
+    monkeypatch.setattr(git_remote, "resolve", lambda host, port: ["140.82.112.3"])
     code = CodeGit(repository="https://git.example.com/noisy.git", commit="a" * 40)
     (tmp_path / "code").mkdir()
     with pytest.raises(JobInputError, match=r"^spec\.code\.repository: .*more than 16 bytes"):

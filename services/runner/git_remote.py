@@ -1,0 +1,311 @@
+"""Where a job's git repository may be fetched from, judged before git runs, and how git is
+held to it.
+
+git fetches a job's ``code`` in the host's network, before the job's own network namespace
+exists (``netns``), so a repository URL is a request the node makes for the tenant: without
+this, ``https://169.254.169.254/``, ``git://127.0.0.1:4222/`` (NATS), a name resolving to a
+private address, or a public server redirecting to one would reach the node's internal
+services, and git's error text (in the job's failure reason) would carry back what they
+answered. So, before git runs (``fetch_plan``):
+
+* Only the transports the submission API takes: ``https://``, ``ssh://``, ``git://`` and the
+  scp form ``user@host:path`` (ssh). A path, ``file://``, ``http://`` and git's remote
+  helpers (``ext::<command>``, ``fd::``) are refused, and git is held to the same list by
+  ``-c protocol.allow=never`` with ``protocol.<name>.allow=always`` for those three, on its
+  command line, where no repository's config can change it.
+* The host is resolved once, here; every address it resolves to must be globally routable
+  (``address_problem``: not loopback, private, link-local, shared CGNAT, unique-local,
+  multicast, unspecified, documentation or otherwise reserved, nor an IPv6 form carrying such
+  an IPv4 address: mapped, NAT64, 6to4), unless the operator allows it
+  (``Settings.git_allow_private``: networks and host names, for a company's own git server).
+* git then connects to the first address it was judged by, never to a second lookup's
+  answer (DNS rebinding): https through ``http.curloptResolve``, git:// by naming the address
+  itself in the URL (its ``host=`` then names the address), ssh through ``-o HostName=`` with
+  ``HostKeyAlias`` the name. https follows no redirect (``http.followRedirects=false``): a
+  redirect's target is never judged, so a repository that moved is named where it now is.
+
+A refusal is the job's own input (the same on any node): ``JobInputError`` naming
+``spec.code.repository`` and why. A host that does not resolve is retried as the platform's,
+as when git says so (``git_faults``).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import socket
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from urllib.parse import SplitResult, urlsplit
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+TRANSPORTS = ("https", "ssh", "git")
+"""The URL schemes a job's repository may use (git's protocol names too; the scp form is
+``ssh``)."""
+DEFAULT_PORTS = {"https": 443, "ssh": 22, "git": 9418}
+
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
+HOST_NAME = re.compile(rf"{_LABEL}(?:\.{_LABEL})*\.?")
+"""A DNS host name (letters, digits, ``-`` and dots; a final dot allowed): anything else in a
+host (``%``-escapes, ``@``, spaces) is refused rather than left for git's parser and the
+resolver's to read differently."""
+
+_SCP = re.compile(
+    r"(?P<user>[A-Za-z0-9._-]+)@(?P<host>[^:/@\[\]]+|\[[0-9A-Fa-f:.]+\]):(?P<path>.+)"
+)
+"""git's scp-like ssh form ``user@host:path`` (``user@[v6]:path`` too)."""
+
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+_PRIVATE = tuple(
+    ipaddress.IPv4Network(net) for net in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16")
+)
+_SHARED = ipaddress.IPv4Network("100.64.0.0/10")
+_UNIQUE_LOCAL = ipaddress.IPv6Network("fc00::/7")
+
+SETTING = "TRAINYARD_RUNNER_GIT_ALLOW_PRIVATE"
+
+
+class RemoteRefused(ValueError):
+    """The repository may not be fetched from this node; the message says why (without the
+    field's name)."""
+
+
+class HostUnresolved(OSError):
+    """The repository's host did not resolve from this node (mistyped, or the node's DNS
+    failing: the platform's to retry)."""
+
+
+@dataclass(frozen=True)
+class Remote:
+    """A repository URL, taken apart."""
+
+    transport: str
+    """``https``, ``ssh`` or ``git``."""
+    host: str
+    """As written, without brackets."""
+    port: int
+    scp: bool = False
+    """Written ``user@host:path`` (ssh)."""
+
+
+@dataclass(frozen=True)
+class FetchPlan:
+    """How git fetches one repository: the URL it is given, ``-c`` options that go before
+    its command and variables of its environment."""
+
+    url: str
+    options: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PrivateAllowed:
+    """What the operator lets jobs fetch from although it is not public
+    (``Settings.git_allow_private``)."""
+
+    networks: tuple[IPNetwork, ...] = ()
+    hosts: frozenset[str] = frozenset()
+    """Lower case, without a final dot."""
+
+    @classmethod
+    def parse(cls, entries: Sequence[str]) -> PrivateAllowed:
+        """From the setting's entries (each checked by ``allow_entry``)."""
+        networks: list[IPNetwork] = []
+        hosts: set[str] = set()
+        for entry in entries:
+            parsed = allow_entry(entry)
+            if isinstance(parsed, str):
+                hosts.add(parsed)
+            else:
+                networks.append(parsed)
+        return cls(tuple(networks), frozenset(hosts))
+
+    def allows_host(self, host: str) -> bool:
+        return host.lower().rstrip(".") in self.hosts
+
+    def allows_address(self, address: IPAddress) -> bool:
+        return any(address in network for network in self.networks)
+
+
+PUBLIC_ONLY = PrivateAllowed()
+"""Nothing allowed beyond public addresses: the default."""
+
+
+def allow_entry(entry: str) -> IPNetwork | str:
+    """One entry of ``git_allow_private``: a network (``10.1.0.0/16``, ``fd00::/8``, an
+    address alone) or a host name (returned lower case, without a final dot); else
+    ``ValueError`` saying what it may be."""
+    text = entry.strip()
+    try:
+        return ipaddress.ip_network(text, strict=True)
+    except ValueError as exc:
+        if "/" in text or ":" in text or re.fullmatch(r"[0-9.]+", text):
+            raise ValueError(f"{entry!r} is not a network: {exc}") from None
+    if not HOST_NAME.fullmatch(text):
+        raise ValueError(
+            f"{entry!r} is neither a network (10.1.0.0/16, fd00::/8, an address) nor a host "
+            "name (git.internal.example)"
+        )
+    return text.lower().rstrip(".")
+
+
+def address_problem(address: IPAddress) -> str | None:
+    """What makes ``address`` no public address ("a private address", ...), None when it is
+    globally routable. An IPv6 address carrying an IPv4 one (mapped ``::ffff:a.b.c.d``,
+    NAT64 ``64:ff9b::/96``, 6to4 ``2002::/16``) is judged by the IPv4 address too, which is
+    where a node's NAT64 or 6to4 relay (or its own stack, for a mapped one) sends it: such
+    an address is judged by that alone."""
+    if isinstance(address, ipaddress.IPv6Address):
+        inner = address.ipv4_mapped or address.sixtofour
+        if inner is None and address in _NAT64:
+            inner = ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+        if inner is not None:  # judged by where it leads alone
+            problem = address_problem(inner)
+            return None if problem is None else f"{problem} (as {inner})"
+    if address.is_unspecified:
+        return "the unspecified address"
+    if address.is_loopback:
+        return "a loopback address"
+    if address.is_link_local:
+        return "a link-local address"
+    if address.is_multicast:
+        return "a multicast address"
+    if any(address in network for network in _PRIVATE):
+        return "a private address"
+    if address in _SHARED:
+        return "a shared (CGNAT) address"
+    if address in _UNIQUE_LOCAL:
+        return "a unique-local address"
+    if not address.is_global or address.is_reserved:
+        return "a reserved address, not globally routable"
+    return None
+
+
+def parse_remote(repository: str) -> Remote:
+    """``repository`` as a remote of one of ``TRANSPORTS``, else ``RemoteRefused``."""
+    if "://" in repository:
+        try:
+            url: SplitResult = urlsplit(repository)
+            port = url.port
+        except ValueError as exc:
+            raise RemoteRefused(f"is not a URL git may fetch ({exc})") from None
+        if url.scheme not in TRANSPORTS:
+            raise RemoteRefused(_ONLY)
+        host = url.hostname or ""
+        bracketed = url.netloc.rpartition("@")[2].startswith("[")
+        if not _host_ok(host, bracketed):
+            raise RemoteRefused(f"names no host this node fetches from ({host!r})")
+        return Remote(url.scheme, host, port or DEFAULT_PORTS[url.scheme])
+    scp = _SCP.fullmatch(repository)
+    if scp is None:  # a path, file:, or a remote helper (``ext::``: no ``user@`` first)
+        raise RemoteRefused(_ONLY)
+    host = scp["host"]
+    bracketed = host.startswith("[")
+    host = host.strip("[]")
+    if not _host_ok(host, bracketed):
+        raise RemoteRefused(f"names no host this node fetches from ({host!r})")
+    return Remote("ssh", host, DEFAULT_PORTS["ssh"], scp=True)
+
+
+_ONLY = (
+    "is not an https://, ssh:// or git:// URL nor user@host:path: this node fetches code "
+    "by those alone (never a path, file://, http:// or a git remote helper such as ext::)"
+)
+
+
+def _host_ok(host: str, bracketed: bool) -> bool:
+    if bracketed:
+        try:
+            return isinstance(ipaddress.ip_address(host), ipaddress.IPv6Address)
+        except ValueError:
+            return False
+    return bool(HOST_NAME.fullmatch(host))
+
+
+def literal_address(host: str) -> IPAddress | None:
+    """``host`` as the address the resolver reads it as without asking DNS: an IPv6 or
+    dotted IPv4 address, and the older IPv4 forms too (``127.1``, ``0x7f.1``,
+    ``2130706433``), as ``inet_aton`` (and so ``getaddrinfo`` and curl) take them."""
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        pass
+    try:
+        return ipaddress.IPv4Address(socket.inet_aton(host))
+    except OSError:
+        return None
+
+
+Resolver = Callable[[str, int], list[str]]
+
+
+def resolve(host: str, port: int) -> list[str]:
+    """The addresses ``host`` resolves to for a TCP connection, in the resolver's order;
+    ``HostUnresolved`` when it does not."""
+    try:
+        answers = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise HostUnresolved(str(exc)) from None
+    return [str(answer[4][0]) for answer in answers]
+
+
+def fetch_plan(
+    repository: str, allowed: PrivateAllowed, resolver: Resolver | None = None
+) -> FetchPlan:
+    """How git fetches ``repository`` from this node: refused (``RemoteRefused``) unless it
+    is of one of ``TRANSPORTS`` and every address its host resolves to is public or
+    ``allowed``; else the URL, options and environment that hold git to the transports and
+    to the first address judged (``HostUnresolved`` when the host does not resolve)."""
+    remote = parse_remote(repository)
+    literal = literal_address(remote.host)
+    if literal is not None:
+        addresses = [literal]
+    else:
+        answers = (resolver or resolve)(remote.host, remote.port)
+        addresses = [_address(text) for text in answers]
+        if not addresses:
+            raise HostUnresolved(f"{remote.host} resolved to no address")
+    if not allowed.allows_host(remote.host):
+        for address in addresses:
+            problem = address_problem(address)
+            if problem is not None and not allowed.allows_address(address):
+                if literal is None:
+                    named = f"the host {remote.host}, which resolves to {address},"
+                elif str(address) == remote.host:
+                    named = f"the address {address},"
+                else:
+                    named = f"the host {remote.host}, which is {address},"
+                raise RemoteRefused(
+                    f"names {named} {problem}; this node fetches code only "
+                    f"from public addresses unless its operator allows the network "
+                    f"({SETTING})"
+                )
+    return _pinned(repository, remote, addresses[0], literal is not None)
+
+
+def _address(text: str) -> IPAddress:
+    return ipaddress.ip_address(text.partition("%")[0])  # a scoped fe80::1%eth0 too
+
+
+def _pinned(repository: str, remote: Remote, address: IPAddress, literal: bool) -> FetchPlan:
+    options = ["protocol.allow=never"] + [f"protocol.{name}.allow=always" for name in TRANSPORTS]
+    options.append("http.followRedirects=false")
+    shown = f"[{address}]" if address.version == 6 else str(address)
+    if literal:
+        return FetchPlan(repository, options)
+    if remote.transport == "https":
+        name = remote.host.rstrip(".")
+        for host in (name, name + "."):  # curl may key its cache with the final dot or without
+            options.append(f"http.curloptResolve={host}:{remote.port}:{shown}")
+        return FetchPlan(repository, options)
+    if remote.transport == "git":
+        url = urlsplit(repository)
+        netloc = f"{shown}:{remote.port}"
+        return FetchPlan(url._replace(netloc=netloc).geturl(), options)
+    # ssh: the name stays in the URL (and picks the known host key); the address is where
+    # ssh connects. Both are shell-safe (an address, or ``HOST_NAME``): git runs the command
+    # through the shell.
+    command = f"ssh -o HostName={address} -o HostKeyAlias={remote.host}"
+    return FetchPlan(repository, options, {"GIT_SSH_COMMAND": command})

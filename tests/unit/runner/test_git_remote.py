@@ -1,0 +1,215 @@
+"""Where a job's git repository may be fetched from: judged before git runs, git pinned to
+what was judged (``services.runner.git_remote``).
+
+Before: the runner handed any repository to git, in the host's network, so a tenant's URL
+made the node ask its own services (``169.254.169.254``, NATS on ``127.0.0.1:4222``, the
+object store, a name resolving to ``10.x``), and git's error text carried their answer back
+in the job's failure reason."""
+
+from __future__ import annotations
+
+import ipaddress
+
+import pytest
+from pydantic import SecretStr, ValidationError
+
+from trainyard_platform.services.runner.config import Settings
+from trainyard_platform.services.runner.git_remote import (
+    HostUnresolved,
+    PrivateAllowed,
+    RemoteRefused,
+    Resolver,
+    address_problem,
+    allow_entry,
+    fetch_plan,
+)
+from trainyard_platform.shared.settings import invalid_settings
+
+NOT_PUBLIC = {
+    "127.0.0.1": "a loopback address",
+    "127.255.0.9": "a loopback address",
+    "10.0.0.5": "a private address",
+    "172.16.3.4": "a private address",
+    "192.168.1.1": "a private address",
+    "169.254.169.254": "a link-local address",
+    "100.64.0.1": "a shared (CGNAT) address",
+    "0.0.0.0": "the unspecified address",
+    "0.1.2.3": "a reserved address, not globally routable",
+    "224.0.0.251": "a multicast address",
+    "240.0.0.1": "a reserved address, not globally routable",
+    "255.255.255.255": "a reserved address, not globally routable",
+    "192.0.2.1": "a reserved address, not globally routable",
+    "198.18.0.1": "a reserved address, not globally routable",
+    "::1": "a loopback address",
+    "::": "the unspecified address",
+    "fe80::1": "a link-local address",
+    "fd12:3456::1": "a unique-local address",
+    "fc00::1": "a unique-local address",
+    "ff02::1": "a multicast address",
+    "ff0e::1": "a multicast address",
+    "2001:db8::1": "a reserved address, not globally routable",
+    "::a00:5": "a reserved address, not globally routable",
+    "::ffff:10.0.0.5": "a private address (as 10.0.0.5)",
+    "::ffff:127.0.0.1": "a loopback address (as 127.0.0.1)",
+    "::ffff:169.254.169.254": "a link-local address (as 169.254.169.254)",
+    "64:ff9b::a9fe:a9fe": "a link-local address (as 169.254.169.254)",
+    "2002:7f00:1::1": "a loopback address (as 127.0.0.1)",
+    "2002:a00:5::1": "a private address (as 10.0.0.5)",
+}
+PUBLIC = ["8.8.8.8", "140.82.112.3", "2606:4700::1111", "::ffff:8.8.8.8", "64:ff9b::808:808"]
+
+
+@pytest.mark.parametrize(("address", "problem"), NOT_PUBLIC.items())
+def test_every_address_that_is_not_public_is_named_for_what_it_is(
+    address: str, problem: str
+) -> None:
+    assert address_problem(ipaddress.ip_address(address)) == problem
+
+
+@pytest.mark.parametrize("address", PUBLIC)
+def test_a_public_address_has_no_problem(address: str) -> None:
+    assert address_problem(ipaddress.ip_address(address)) is None
+
+
+def answers(*addresses: str) -> Resolver:
+    return lambda host, port: list(addresses)
+
+
+NONE = PrivateAllowed()
+
+
+@pytest.mark.parametrize(
+    "repository",
+    [
+        "https://127.0.0.1:9000/x.git",
+        "https://169.254.169.254/latest/meta-data",
+        "git://127.0.0.1:4222/",
+        "ssh://git@10.1.2.3/x.git",
+        "git@192.168.0.7:team/x.git",
+        "git@[::1]:x.git",
+        "https://[::ffff:127.0.0.1]/x.git",
+        "https://2130706433/x.git",  # 127.0.0.1 to the resolver and to curl
+        "https://0x7f.1/x.git",
+        "https://127.1/x.git",
+    ],
+)
+def test_a_literal_address_that_is_not_public_is_refused_without_a_lookup(
+    repository: str,
+) -> None:
+    def resolver(host: str, port: int) -> list[str]:
+        raise AssertionError("an address is not looked up")
+
+    with pytest.raises(RemoteRefused, match="this node fetches code only from public"):
+        fetch_plan(repository, NONE, resolver)
+
+
+def test_a_name_that_resolves_to_a_private_address_is_refused_saying_so() -> None:
+    with pytest.raises(RemoteRefused) as refused:
+        fetch_plan("https://git.corp.example/x.git", NONE, answers("10.0.0.5"))
+    assert str(refused.value) == (
+        "names the host git.corp.example, which resolves to 10.0.0.5, a private address; "
+        "this node fetches code only from public addresses unless its operator allows the "
+        "network (TRAINYARD_RUNNER_GIT_ALLOW_PRIVATE)"
+    )
+
+
+def test_one_address_that_is_not_public_among_public_ones_is_enough_to_refuse() -> None:
+    with pytest.raises(RemoteRefused, match=r"resolves to ::1, a loopback"):
+        fetch_plan("https://h.example/x.git", NONE, answers("140.82.112.3", "::1"))
+
+
+def test_what_the_operator_allows_is_fetched_from_all_the_same() -> None:
+    networks = PrivateAllowed.parse(["10.0.0.0/8", "fd00::/8"])
+    plan = fetch_plan("https://git.corp.example/x.git", networks, answers("10.0.0.5"))
+    assert "http.curloptResolve=git.corp.example:443:10.0.0.5" in plan.options
+    fetch_plan("git://[fd00::5]/x.git", networks)
+    with pytest.raises(RemoteRefused, match=r"127\.0\.0\.1, a loopback"):
+        fetch_plan("https://git.corp.example/x.git", networks, answers("127.0.0.1"))
+    by_name = PrivateAllowed.parse(["Git.Corp.Example."])
+    fetch_plan("ssh://git@git.corp.example/x.git", by_name, answers("10.0.0.5"))
+    with pytest.raises(RemoteRefused):  # exactly that name, not one below it
+        fetch_plan("ssh://git@a.git.corp.example/x.git", by_name, answers("10.0.0.5"))
+
+
+def test_git_is_held_to_the_transports_and_to_the_address_judged() -> None:
+    """The check and git's own connection must not resolve apart (DNS rebinding): each
+    transport connects to the address judged."""
+    https = fetch_plan("https://h.example:8443/x.git", NONE, answers("140.82.112.3", "8.8.8.8"))
+    assert https.url == "https://h.example:8443/x.git"
+    assert https.options == [
+        "protocol.allow=never",
+        "protocol.https.allow=always",
+        "protocol.ssh.allow=always",
+        "protocol.git.allow=always",
+        "http.followRedirects=false",
+        "http.curloptResolve=h.example:8443:140.82.112.3",
+        "http.curloptResolve=h.example.:8443:140.82.112.3",
+    ]
+    v6 = fetch_plan("https://h.example/x.git", NONE, answers("2606:4700::1111"))
+    assert "http.curloptResolve=h.example:443:[2606:4700::1111]" in v6.options
+    git = fetch_plan("git://h.example/team/x.git", NONE, answers("140.82.112.3"))
+    assert git.url == "git://140.82.112.3:9418/team/x.git"
+    ssh = fetch_plan("git@h.example:team/x.git", NONE, answers("140.82.112.3"))
+    assert ssh.url == "git@h.example:team/x.git"
+    assert ssh.env == {"GIT_SSH_COMMAND": "ssh -o HostName=140.82.112.3 -o HostKeyAlias=h.example"}
+    for plan in (git, ssh):
+        assert plan.options[0] == "protocol.allow=never"
+        assert "http.followRedirects=false" in plan.options
+
+
+@pytest.mark.parametrize(
+    "repository",
+    [
+        "/srv/git/x.git",
+        "x.git",
+        "file:///srv/git/x.git",
+        "file:/srv/git/x.git",
+        "http://h.example/x.git",
+        "ftp://h.example/x.git",
+        "ext::sh -c touch% /tmp/x",
+        "fd::3",
+        "h.example:x.git",  # scp form without a user: the API takes it only with one
+        "https://h%2eexample/x.git",
+        "https://h_example/x.git",
+        "https://[not-v6]/x.git",
+        "https:///x.git",
+    ],
+)
+def test_a_repository_not_by_https_ssh_or_git_is_refused(repository: str) -> None:
+    with pytest.raises(RemoteRefused):
+        fetch_plan(repository, PrivateAllowed.parse(["0.0.0.0/0", "::/0"]), answers("8.8.8.8"))
+
+
+def test_a_host_that_does_not_resolve_says_so() -> None:
+    def resolver(host: str, port: int) -> list[str]:
+        raise HostUnresolved("[Errno -2] Name or service not known")
+
+    with pytest.raises(HostUnresolved):
+        fetch_plan("https://gti.example.invalid/x.git", NONE, resolver)
+    with pytest.raises(HostUnresolved):
+        fetch_plan("https://gti.example.invalid/x.git", NONE)  # the real resolver
+
+
+@pytest.mark.parametrize(
+    "entry", ["10.0.0.0/33", "10.0.0.1/8", "git corp", "http://git.corp", "x_y", "fd00::/200"]
+)
+def test_an_entry_of_the_setting_that_is_neither_network_nor_host_is_refused_at_start(
+    entry: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(ValueError):
+        allow_entry(entry)
+    monkeypatch.setenv("TRAINYARD_RUNNER_GIT_ALLOW_PRIVATE", f'["127.0.0.0/8", "{entry}"]')
+    with pytest.raises(ValidationError) as refused:
+        Settings(admin_token=SecretStr("t"))
+    [line] = invalid_settings(Settings, refused.value)
+    assert line.startswith("TRAINYARD_RUNNER_GIT_ALLOW_PRIVATE"), line
+
+
+def test_the_setting_is_empty_by_default_and_parsed_when_given(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert Settings(admin_token=SecretStr("t")).git_private_allowed == PrivateAllowed()
+    monkeypatch.setenv("TRAINYARD_RUNNER_GIT_ALLOW_PRIVATE", '["10.1.0.0/16", "git.corp"]')
+    allowed = Settings(admin_token=SecretStr("t")).git_private_allowed
+    assert allowed.networks == (ipaddress.ip_network("10.1.0.0/16"),)
+    assert allowed.hosts == frozenset({"git.corp"})
