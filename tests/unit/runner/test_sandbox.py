@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
-from tests.fixtures.git_servers import git_daemon
+from tests.fixtures.git_servers import Listener, git_daemon
 from trainyard_platform.services.runner import git_remote, sandbox
 from trainyard_platform.services.runner.config import Settings as RunnerSettings
 from trainyard_platform.services.runner.git_faults import git_fault
@@ -927,3 +927,28 @@ def test_what_runs_as_the_job_has_no_controlling_terminal() -> None:
     )
     # Each open failed (exit status 1): the probe's as the tens, the job's as the units.
     assert done.stdout.strip() == "11", done.stderr
+
+
+@pytest.mark.parametrize(
+    "form",
+    ["https://{host}:{port}/x.git", "git://{host}:{port}/x.git", "ssh://git@{host}:{port}/x.git"],
+)
+def test_git_connects_to_the_address_judged_never_to_a_lookup_of_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, form: str
+) -> None:
+    """Between the runner's lookup and git's own, a name may come to resolve elsewhere (DNS
+    rebinding: public when judged, 127.0.0.1 when git connects). git is given the address
+    judged: here a name no DNS knows reaches the address the runner's lookup said."""
+    looked_up: list[str] = []
+
+    def resolve(host: str, port: int) -> list[str]:
+        looked_up.append(host)
+        return ["127.0.0.1"]
+
+    monkeypatch.setattr(git_remote, "resolve", resolve)
+    with Listener() as server:
+        repository = form.format(host="pinned.example.invalid", port=server.port)
+        error = checkout_fails(tmp_path, CodeGit(repository=repository, commit="0" * 40), LOOPBACK)
+        assert looked_up == ["pinned.example.invalid"]
+        assert server.accepted >= 1, str(error)
+    assert "did not resolve" not in str(error)
