@@ -14,7 +14,7 @@ answered. So, before git runs (``fetch_plan``):
   ``-c protocol.allow=never`` with ``protocol.<name>.allow=always`` for those three, on its
   command line, where no repository's config can change it.
 * The host is resolved once, here; every address it resolves to must be globally routable
-  (``address_problem``: not loopback, private, link-local, shared CGNAT, unique-local,
+  (``shared.public_addresses``: not loopback, private, link-local, shared CGNAT, unique-local,
   multicast, unspecified, documentation or otherwise reserved, nor an IPv6 form carrying such
   an IPv4 address: mapped, NAT64, 6to4), unless the operator allows it
   (``Settings.git_allow_private``: networks and host names, for a company's own git server).
@@ -38,7 +38,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import SplitResult, urlsplit
 
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+from trainyard_platform.shared.public_addresses import IPAddress, address_problem, literal_address
+
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 TRANSPORTS = ("https", "ssh", "git")
@@ -56,13 +57,6 @@ _SCP = re.compile(
     r"(?P<user>[A-Za-z0-9._-]+)@(?P<host>[^:/@\[\]]+|\[[0-9A-Fa-f:.]+\]):(?P<path>.+)"
 )
 """git's scp-like ssh form ``user@host:path`` (``user@[v6]:path`` too)."""
-
-_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
-_PRIVATE = tuple(
-    ipaddress.IPv4Network(net) for net in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16")
-)
-_SHARED = ipaddress.IPv4Network("100.64.0.0/10")
-_UNIQUE_LOCAL = ipaddress.IPv6Network("fc00::/7")
 
 SETTING = "TRAINYARD_RUNNER_GIT_ALLOW_PRIVATE"
 
@@ -151,38 +145,6 @@ def allow_entry(entry: str) -> IPNetwork | str:
     return text.lower().rstrip(".")
 
 
-def address_problem(address: IPAddress) -> str | None:
-    """What makes ``address`` no public address ("a private address", ...), None when it is
-    globally routable. An IPv6 address carrying an IPv4 one (mapped ``::ffff:a.b.c.d``,
-    NAT64 ``64:ff9b::/96``, 6to4 ``2002::/16``) is judged by the IPv4 address too, which is
-    where a node's NAT64 or 6to4 relay (or its own stack, for a mapped one) sends it: such
-    an address is judged by that alone."""
-    if isinstance(address, ipaddress.IPv6Address):
-        inner = address.ipv4_mapped or address.sixtofour
-        if inner is None and address in _NAT64:
-            inner = ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
-        if inner is not None:  # judged by where it leads alone
-            problem = address_problem(inner)
-            return None if problem is None else f"{problem} (as {inner})"
-    if address.is_unspecified:
-        return "the unspecified address"
-    if address.is_loopback:
-        return "a loopback address"
-    if address.is_link_local:
-        return "a link-local address"
-    if address.is_multicast:
-        return "a multicast address"
-    if any(address in network for network in _PRIVATE):
-        return "a private address"
-    if address in _SHARED:
-        return "a shared (CGNAT) address"
-    if address in _UNIQUE_LOCAL:
-        return "a unique-local address"
-    if not address.is_global or address.is_reserved:
-        return "a reserved address, not globally routable"
-    return None
-
-
 def parse_remote(repository: str) -> Remote:
     """``repository`` as a remote of one of ``TRANSPORTS``, else ``RemoteRefused``."""
     if "://" in repository:
@@ -222,20 +184,6 @@ def _host_ok(host: str, bracketed: bool) -> bool:
         except ValueError:
             return False
     return bool(HOST_NAME.fullmatch(host))
-
-
-def literal_address(host: str) -> IPAddress | None:
-    """``host`` as the address the resolver reads it as without asking DNS: an IPv6 or
-    dotted IPv4 address, and the older IPv4 forms too (``127.1``, ``0x7f.1``,
-    ``2130706433``), as ``inet_aton`` (and so ``getaddrinfo`` and curl) take them."""
-    try:
-        return ipaddress.ip_address(host)
-    except ValueError:
-        pass
-    try:
-        return ipaddress.IPv4Address(socket.inet_aton(host))
-    except OSError:
-        return None
 
 
 Resolver = Callable[[str, int], list[str]]

@@ -59,6 +59,7 @@ from trainyard_platform.shared.events.payloads import (
     JobSpec,
 )
 from trainyard_platform.shared.http_errors import FieldError, RequestInvalid, field_errors
+from trainyard_platform.shared.public_addresses import address_problem, literal_address
 from trainyard_platform.shared.requirements import (
     CREDENTIALS_IN_URL,
     has_userinfo,
@@ -202,6 +203,14 @@ def _label_key(value: str) -> str:
 
 
 def _git_url(value: str) -> str:
+    """A repository git may fetch: ``GIT_URL``, no credentials for https and git, and a
+    host that, if written as an address, is a public one (``shared.public_addresses``):
+    ``https://10.0.0.5/...`` or ``git://127.0.0.1:4222/`` could only ever reach the runner's
+    own network. A host name is not judged here: what it resolves to is the runners'
+    network's answer, not this service's, so each runner resolves and judges it before it
+    fetches (``services.runner.git_remote``), allowing the private networks and names its
+    operator lists (``TRAINYARD_RUNNER_GIT_ALLOW_PRIVATE``): a company's own git server is
+    named by host name."""
     if not GIT_URL.fullmatch(value):
         raise ValueError(
             "must be an https://, ssh:// or git:// URL or user@host:path, without "
@@ -210,7 +219,26 @@ def _git_url(value: str) -> str:
     if value.startswith(("https://", "git://")) and has_userinfo(value):
         # ssh needs its login name (git@host); https and git take none but a token.
         raise ValueError(CREDENTIALS_IN_URL)
+    host = _git_host(value)
+    address = literal_address(host)
+    problem = None if address is None else address_problem(address)
+    if problem is not None:
+        shown = "" if str(address) == host else f" ({address})"
+        raise ValueError(
+            f"names the address {host}{shown}, {problem}: the runners fetch code only from "
+            "public addresses (a git server of your company's own network: name it by its "
+            "host name, which the runners' operator may allow)"
+        )
     return value
+
+
+def _git_host(value: str) -> str:
+    """The host of a repository ``GIT_URL`` matched: after ``scheme://`` and a user, or
+    between ``user@`` and ``:`` of the scp form; without its port."""
+    if "://" in value:
+        authority = value.partition("://")[2].split("/", 1)[0]
+        return authority.rpartition("@")[2].split(":", 1)[0]
+    return value.partition("@")[2].split(":", 1)[0]
 
 
 def _image(value: str) -> str:

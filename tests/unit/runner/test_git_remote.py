@@ -19,10 +19,10 @@ from trainyard_platform.services.runner.git_remote import (
     PrivateAllowed,
     RemoteRefused,
     Resolver,
-    address_problem,
     allow_entry,
     fetch_plan,
 )
+from trainyard_platform.shared.public_addresses import address_problem
 from trainyard_platform.shared.settings import invalid_settings
 
 NOT_PUBLIC = {

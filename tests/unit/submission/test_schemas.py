@@ -459,6 +459,40 @@ def test_a_git_url_with_a_token_before_its_host_is_refused(repository: str) -> N
 
 
 @pytest.mark.parametrize(
+    ("repository", "named"),
+    [
+        ("https://169.254.169.254/latest/meta-data", "169.254.169.254, a link-local address"),
+        ("https://10.0.0.5/team/x.git", "10.0.0.5, a private address"),
+        ("git://127.0.0.1:4222/x", "127.0.0.1, a loopback address"),
+        ("https://localhost:9000/x", None),  # a host name: the runner judges it
+        ("ssh://git@192.168.1.20:2222/x.git", "192.168.1.20, a private address"),
+        ("git@100.64.3.3:team/x.git", "100.64.3.3, a shared (CGNAT) address"),
+        ("https://2130706433/x.git", "2130706433 (127.0.0.1), a loopback address"),
+        ("https://0x7f.1/x.git", "0x7f.1 (127.0.0.1), a loopback address"),
+        ("https://0.0.0.0/x.git", "0.0.0.0, the unspecified address"),
+        ("https://140.82.112.3/acme/train.git", None),
+        ("git@github.com:acme/train.git", None),
+    ],
+)
+def test_a_repository_written_as_an_address_that_is_not_public_is_refused(
+    repository: str, named: str | None
+) -> None:
+    """Runners fetch a job's code in their host's network: an address that is not public
+    could only reach the node's own services. A host name is left to the runner, which
+    resolves it in its own network (``services.runner.git_remote``)."""
+    body = {**GOOD, "code": {"kind": "git", "repository": repository, "commit": COMMIT}}
+    if named is None:
+        assert _job(code=body["code"]).code
+        return
+    errors = _errors(body)
+    assert list(errors) == ["code.repository"]
+    assert (
+        f"names the address {named}: the runners fetch code only from public"
+        in (errors["code.repository"])
+    )
+
+
+@pytest.mark.parametrize(
     "requirement",
     [
         "mylib @ https://alice:s3cret@pypi.example.com/mylib-1.0-py3-none-any.whl",
