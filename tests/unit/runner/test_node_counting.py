@@ -20,8 +20,8 @@ from typing import Any, cast
 import pytest
 
 from tests.unit.runner.test_launch import GRANT
-from tests.unit.runner.test_sandbox import checkout_fails, store_bundle
-from trainyard_platform.services.runner import domain, launch
+from tests.unit.runner.test_sandbox import LOOPBACK, checkout_fails, store_bundle
+from trainyard_platform.services.runner import domain, git_remote, launch
 from trainyard_platform.services.runner.environments import (
     EnvironmentBuildError,
     EnvironmentCache,
@@ -81,7 +81,7 @@ def test_git_that_runs_out_of_time_fetching_never_counts_but_git_missing_does() 
 
 def test_a_server_that_cannot_be_reached_is_retried_but_never_counts(tmp_path: Path) -> None:
     code = CodeGit(repository="https://127.0.0.1:1/team/repo.git", commit="0" * 40)
-    error = checkout_fails(tmp_path, code)
+    error = checkout_fails(tmp_path, code, LOOPBACK)
     assert failure_kind(error) == "platform_error" and not counts_against_node(error)
 
 
@@ -95,11 +95,16 @@ def _git_run_failing(monkeypatch: pytest.MonkeyPatch, command: str, error: BaseE
     real = AsJob.run
 
     def run(self: AsJob, argv: list[str], *, cwd: Path, timeout: float) -> Any:
-        if argv[1] == command:
+        rest = argv[1:]
+        while rest[:1] == ["-c"]:  # git's options before its command
+            rest = rest[2:]
+        if rest[0] == command:
             raise error
         return real(self, argv, cwd=cwd, timeout=timeout)
 
     monkeypatch.setattr(AsJob, "run", run)
+    # A public address for the name, which nothing is sent to (the fetch fails first).
+    monkeypatch.setattr(git_remote, "resolve", lambda host, port: ["140.82.112.3"])
 
 
 def test_a_fetch_a_slow_server_keeps_past_its_time_never_counts(
