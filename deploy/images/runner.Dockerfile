@@ -50,6 +50,15 @@ ENV PATH=/opt/trainyard/bin:$PATH \
     TRAINYARD_RUNNER_HOST=0.0.0.0 \
     TRAINYARD_RUNNER_PORT=8000 \
     TRAINYARD_RUNNER_WORK_DIR=/var/lib/trainyard/runner
+# git fetches a job's code named by a git repository (https or git://, services/runner/
+# git_remote.py; its https pin needs git 2.37 or later: bookworm's is 2.39). Not pinned to
+# a Debian revision: the archive keeps only a release's latest, so a pin would break the
+# build at its next security update; the base image's tag fixes the release.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends git \
+    && rm -rf /var/lib/apt/lists/* \
+    && git --version
 RUN groupadd --system --gid 10001 trainyard \
     && useradd --system --uid 10001 --gid 10001 --home-dir /home/trainyard --create-home trainyard \
     && mkdir -p /var/lib/trainyard/runner \
