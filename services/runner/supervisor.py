@@ -924,7 +924,22 @@ class JobRun:
         """Upload one staged checkpoint. A store that fails (down, throttling) is retried
         with back-off until it works or a newer checkpoint is staged (which supersedes this
         one); the end of the job waits for it up to ``checkpoint_upload_wait_s``, then gives
-        it up (``_give_up_upload``)."""
+        it up (``_give_up_upload``). A step this attempt saved already is refused, never
+        uploaded again: its store folder (``checkpoints.store_folder``: step and attempt)
+        holds the checkpoint reported saved, whose object another upload would overwrite
+        (no longer the bytes its report names, which resume checks) and one given up at the
+        job's end would delete."""
+        if any(ref.step == step for ref in self._saved):
+            await asyncio.to_thread(
+                shutil.rmtree,
+                self._sandbox.checkpoints / checkpoints.staged_folder(step),
+                ignore_errors=True,
+            )
+            why = f"step {step} was saved already by this attempt; a saved checkpoint stays"
+            if self._refused_checkpoint is None or step > self._refused_checkpoint.step:
+                self._refused_checkpoint = domain.RefusedCheckpoint(step, why)
+            self._warn("checkpoint refused", "job %s: checkpoint of step %d refused: %s", step, why)
+            return
         delay = 1.0
         self._committing = step
         while True:
