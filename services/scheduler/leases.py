@@ -10,7 +10,9 @@ Contract:
   failed through the platform (``JobFailed.through_platform``, the rule billing charges by)
   adds nothing to the usage, for any member: a team whose jobs land on a failing node is
   not put back in its queue for the platform's fault. Every other end counts, a lost
-  node's too (billing charges that to the team as well).
+  node's too. Not the same as billing in one case: a runner's ``platform_error`` heard
+  after its allocation was released (a lost node's, a fenced member's) is ignored here
+  (stale), its time staying in the usage, while billing reverses that bill.
   Members of the gang other than the one that reported are told to stop
   (``AllocationRevoked(reason="fenced")``) unless the job succeeded. It is ``plan_end``
   (decide and build the events, no I/O) then ``apply_endings``, which writes any number of
