@@ -939,6 +939,11 @@ class JobRun:
             if self._refused_checkpoint is None or step > self._refused_checkpoint.step:
                 self._refused_checkpoint = domain.RefusedCheckpoint(step, why)
             self._warn("checkpoint refused", "job %s: checkpoint of step %d refused: %s", step, why)
+            if self._log_file is not None and not self._log_file.closed:
+                # The job's own log: its author reads that, not the runner's.
+                self._log_file.write(
+                    f"[trainyard: checkpoint of step {step} not uploaded: {why}]\n".encode()
+                )
             return
         delay = 1.0
         self._committing = step
