@@ -6,7 +6,7 @@ scheduling lock held). Tables are unqualified: the pool's ``search_path`` is the
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime
 
 import asyncpg
@@ -154,16 +154,28 @@ async def mark_allocation_started(
 
 
 async def release_allocations(
-    conn: asyncpg.Connection, releases: Sequence[tuple[str, datetime, Outcome]]
+    conn: asyncpg.Connection,
+    releases: Sequence[tuple[str, datetime, Outcome]],
+    stopping: Collection[str] = (),
+    now: datetime | None = None,
 ) -> None:
     """End these allocations, each ``(allocation id, released at, outcome)``, and free their
-    GPUs."""
+    GPUs, except those of the allocations in ``stopping`` (their runner has not said their
+    processes are gone): their leases stay live, stopping since ``now`` (required with
+    ``stopping``), until ``free_stopped``, ``free_unlisted`` or ``free_stopping_on``."""
     if not releases:
         return
+    if stopping and now is None:
+        raise ValueError("now: required when some allocations are still stopping")
     await conn.execute(
-        "WITH ended AS (SELECT * FROM unnest($1::uuid[], $2::timestamptz[], $3::text[]) "
-        "               AS e(allocation_id, released_at, outcome)), "
-        "     leases AS (UPDATE gpu_leases l SET released_at = ended.released_at FROM ended "
+        "WITH ended AS (SELECT * FROM unnest($1::uuid[], $2::timestamptz[], $3::text[], "
+        "                                    $5::boolean[]) "
+        "               AS e(allocation_id, released_at, outcome, stopping)), "
+        "     leases AS (UPDATE gpu_leases l SET "
+        "                  released_at = CASE WHEN ended.stopping THEN NULL "
+        "                                     ELSE ended.released_at END, "
+        "                  stopping_since = CASE WHEN ended.stopping THEN $6::timestamptz END "
+        "                FROM ended "
         "                WHERE l.allocation_id = ended.allocation_id "
         "                  AND l.released_at IS NULL) "
         "UPDATE allocations a SET status = $4, released_at = ended.released_at, "
@@ -173,7 +185,82 @@ async def release_allocations(
         [released_at for _, released_at, _ in releases],
         [outcome for _, _, outcome in releases],
         AllocationStatus.RELEASED.value,
+        [allocation_id in stopping for allocation_id, _, _ in releases],
+        now,
     )
+
+
+# --- GPUs still being stopped on (migration 0018) --------------------------------------
+
+
+async def free_stopped(
+    conn: asyncpg.Connection, allocation_id: str, node_id: str, epoch: int, now: datetime
+) -> int:
+    """The runner of ``node_id`` reported the end of ``allocation_id`` at ``epoch``: the GPUs
+    its leases still held while it stopped are free as of ``now``. Returns how many were
+    freed (0: none held, or the report does not name that allocation as it was granted)."""
+    try:
+        key = uuid.UUID(allocation_id)
+    except ValueError:
+        return 0
+    freed: int = await conn.fetchval(
+        "WITH freed AS (UPDATE gpu_leases l SET released_at = $4 FROM allocations a "
+        "               WHERE l.allocation_id = $1 AND a.allocation_id = $1 "
+        "                 AND l.node_id = $2 AND a.epoch = $3 "
+        "                 AND l.released_at IS NULL AND l.stopping_since IS NOT NULL "
+        "               RETURNING 1) "
+        "SELECT count(*) FROM freed",
+        key,
+        node_id,
+        epoch,
+        now,
+    )
+    return freed
+
+
+async def free_unlisted(
+    conn: asyncpg.Connection,
+    node_id: str,
+    running: Sequence[str],
+    sent_at: datetime,
+    now: datetime,
+) -> int:
+    """A heartbeat of ``node_id`` sent at ``sent_at`` lists ``running`` (allocation ids, as
+    the runner wrote them): the GPUs held for an ended allocation it no longer lists, held
+    since before it was sent, are free as of ``now``. Returns how many were freed."""
+    listed: list[uuid.UUID] = []
+    for raw in running:
+        try:
+            listed.append(uuid.UUID(raw))
+        except ValueError:
+            continue  # no allocation of ours: it keeps nothing held
+    freed: int = await conn.fetchval(
+        "WITH freed AS (UPDATE gpu_leases SET released_at = $4 "
+        "               WHERE node_id = $1 AND released_at IS NULL "
+        "                 AND stopping_since IS NOT NULL AND stopping_since < $3 "
+        "                 AND allocation_id <> ALL($2::uuid[]) RETURNING 1) "
+        "SELECT count(*) FROM freed",
+        node_id,
+        listed,
+        sent_at,
+        now,
+    )
+    return freed
+
+
+async def free_stopping_on(conn: asyncpg.Connection, node_ids: Sequence[str], now: datetime) -> int:
+    """These nodes were declared lost: the GPUs held on them for ended allocations are free
+    as of ``now`` (the node is no longer placed on; its runner, if it comes back, stops
+    what it still runs before it runs a new grant there). Returns how many were freed."""
+    freed: int = await conn.fetchval(
+        "WITH freed AS (UPDATE gpu_leases SET released_at = $2 "
+        "               WHERE node_id = ANY($1::text[]) AND released_at IS NULL "
+        "                 AND stopping_since IS NOT NULL RETURNING 1) "
+        "SELECT count(*) FROM freed",
+        list(node_ids),
+        now,
+    )
+    return freed
 
 
 async def set_notice(

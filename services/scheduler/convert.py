@@ -21,7 +21,10 @@ Contract:
   waiting job that submission lowered to the class a spent budget under ``deprioritize`` gives its team's
   (or project's) new jobs is told so first (``lowered_note``; ``budget_holds.lowering``); a
   job being cancelled, or under a preemption notice, is *leaving* (never chosen as a victim
-  again); usage is decayed to ``now`` with the policy's ``decay_usage``.
+  again); a GPU still leased to an ended allocation while its runner stops the job
+  (``leases``) is no free GPU, its holder named as stopping (``stopping_holder``: a waiting
+  job's reason says its GPUs are being freed); usage is decayed to ``now`` with the
+  policy's ``decay_usage``.
 - ``pending_notes(decisions, built, now)`` gives every waiting job its ``PendingNote``
   (reason, position, blocking, suggestion, estimated start as a datetime) and
   ``note_changed`` says whether a note is news compared with the last one published: the
@@ -102,7 +105,8 @@ class SnapshotRows:
     nodes: Sequence[Row]
     """Ready nodes: node_id, gpu_flavor, gpu_count, topology, cordoned (and address)."""
     leases: Sequence[Row]
-    """Live leases on ready nodes: node_id, gpu_index, job_id."""
+    """Live leases on ready nodes: node_id, gpu_index, job_id (and stopping: the lease
+    outlives its ended allocation while the runner stops the job, ``leases``)."""
     running: Sequence[Row]
     """Live allocations with their job: allocation_id, epoch, job_id, queue, gpu_flavor, gpus,
     priority_class, submitted_at, seq,
@@ -305,12 +309,22 @@ def pending_job(row: Row) -> PendingJob:
     )
 
 
+def stopping_holder(job_id: str) -> str:
+    """How a waiting job's reason names the holder of a GPU still leased to an allocation
+    that ended while its runner stops it (``leases``): the old job's id first, as a holder's
+    is (the reason's ``blocking`` takes it)."""
+    return f"{job_id} (stopping: its GPUs are being freed)"
+
+
 def _nodes(
     node_rows: Sequence[Row], lease_rows: Sequence[Row]
 ) -> tuple[tuple[Node, ...], dict[str, int]]:
     used: dict[str, dict[int, str]] = {}
     for lease in lease_rows:
-        used.setdefault(lease["node_id"], {})[lease["gpu_index"]] = lease["job_id"]
+        holder = lease["job_id"]
+        if lease.get("stopping"):  # not free: the ended job may still run on it
+            holder = stopping_holder(holder)
+        used.setdefault(lease["node_id"], {})[lease["gpu_index"]] = holder
     totals: dict[str, int] = {}
     nodes = []
     for n in node_rows:

@@ -337,6 +337,25 @@ class SchedulerHandlers:
                 )
                 self._poke()
         await self._fence_strays(conn, heartbeat)
+        await self._free_unlisted(conn, heartbeat, now)
+
+    async def _free_unlisted(
+        self, conn: asyncpg.Connection, heartbeat: RunnerHeartbeat, now: datetime
+    ) -> None:
+        """GPUs kept leased for an ended allocation while its runner stopped it are free
+        once a heartbeat sent after that no longer lists it (the runner finished stopping it
+        without a report the scheduler heard, or restarted and killed what was left); a pass
+        is asked for when any were."""
+        freed = await allocation_repo.free_unlisted(
+            conn, heartbeat.node_id, heartbeat.running_allocations, heartbeat.sent_at, now
+        )
+        if freed:
+            log.info(
+                "node %s no longer runs an ended allocation: %d GPU(s) held for it are free",
+                heartbeat.node_id,
+                freed,
+            )
+            self._poke()
 
     async def _fence_strays(self, conn: asyncpg.Connection, heartbeat: RunnerHeartbeat) -> None:
         """A runner still running an allocation that ended here (e.g. its node was declared
@@ -576,7 +595,8 @@ class SchedulerHandlers:
     ) -> bool:
         """Plan the end ``report`` says into ``endings``, unless it is stale or about an
         unknown job (logged, ignored); True when it was a lost node's late success, kept
-        (the job moved on by itself). In a run (``in_run``) a report that carries a context
+        (the job moved on by itself), or the end of an allocation that ended here already
+        whose GPUs were held while it stopped (``_free_stopped``: they are free now). In a run (``in_run``) a report that carries a context
         is handled in it (``Delivery.continued``); a late success, rare and worth seeing, is
         handled in a span of its own, as is every report outside a run."""
         job = known.jobs.get(report.job_id)
@@ -588,13 +608,19 @@ class SchedulerHandlers:
         late = job is not None and stale is not None and isinstance(report, JobSucceeded)
         own_span = not in_run or late or delivery.carried is None
         with delivery.span(self._consumer) if own_span else delivery.continued():
+            freed = False
+            if stale:
+                # The end of an allocation that ended here already: its processes are gone,
+                # so the GPUs kept leased while it stopped are free (leases).
+                freed = await self._free_stopped(conn, report, now)
             if job is not None and stale and isinstance(report, JobSucceeded):
                 # Perhaps a lost node's real result: kept, not fenced (late_success).
                 tuning = self._tuning
-                return await accept_late_success(conn, job, allocations, report, now, tuning)
+                kept = await accept_late_success(conn, job, allocations, report, now, tuning)
+                return kept or freed
             if job is None or stale:
                 log.info("job %s %s ignored: %s", report.job_id, kind, stale or "unknown job")
-                return False
+                return freed
             failed = report if isinstance(report, JobFailed) else None
             preempted = report if isinstance(report, JobPreempted) else None
             endings.append(
@@ -611,6 +637,24 @@ class SchedulerHandlers:
                 )
             )
             return False
+
+    async def _free_stopped(
+        self, conn: asyncpg.Connection, report: EndReport, now: datetime
+    ) -> bool:
+        """Free the GPUs held for the ended allocation ``report`` names while it stopped
+        (``allocation_repository.free_stopped``); True when any were."""
+        freed = await allocation_repo.free_stopped(
+            conn, report.allocation_id, report.node_id, report.epoch, now
+        )
+        if freed:
+            log.info(
+                "allocation %s of job %s stopped on node %s: its %d GPU(s) are free",
+                report.allocation_id,
+                report.job_id,
+                report.node_id,
+                freed,
+            )
+        return freed > 0
 
     async def _apply_endings(
         self, conn: asyncpg.Connection, endings: Sequence[Ending], moved: bool, now: datetime

@@ -22,8 +22,9 @@ transaction, under the scheduling lock; ``job`` and its ``live`` allocations rea
 - When the job succeeds by it (``LateSuccess.job_succeeds``) it becomes SUCCEEDED and is not
   run again: every live allocation of a newer attempt is released (outcome ``cancelled``,
   billed from its grant to now like any allocation stopped early) and its node told
-  ``AllocationRevoked(reason="fenced")``, whatever that attempt had reached; a job requeued
-  after the loss leaves its queue.
+  ``AllocationRevoked(reason="fenced")``, whatever that attempt had reached (its GPUs stay
+  leased while its runner stops it, as for any allocation ended without its runner's word:
+  ``leases``); a job requeued after the loss leaves its queue.
   The scheduler then says the runner's ``job.succeeded`` again as its own (event id
   ``kept-success:<allocation>``, on ``trainyard.job.succeeded.v1.by-scheduler``): the
   runner's report names an allocation the other services saw end, so they would ignore
@@ -118,7 +119,9 @@ async def accept_late_success(
             gpu_seconds += len(newer.gpu_indices) * (stopped_at - newer.granted_at).total_seconds()
             events.append(_released(job, newer, stopped_at, "cancelled"))
             events.append(fence_revocation(newer, newer.node_id, tuning.cancel_grace_s))
-        await allocation_repo.release_allocations(conn, releases)
+        # Their runners were only told to stop: their GPUs stay leased while they do.
+        stopping = [allocation_id for allocation_id, _, _ in releases]
+        await allocation_repo.release_allocations(conn, releases, stopping, now)
         reason = (
             f"succeeded: {verdict.reason} (allocation {allocation.allocation_id}); not run again"
         )

@@ -1,8 +1,8 @@
 """The end of a job's allocations: release, bill, charge fair share, move the job on.
 
 Contract:
-- ``end_gang`` releases every live allocation of a job (one per node of its gang) and their
-  leases, says ``AllocationReleased`` for each (billing; every one with ``platform_failure``
+- ``end_gang`` releases every live allocation of a job (one per node of its gang), says
+  ``AllocationReleased`` for each (billing; every one with ``platform_failure``
   when the reporting runner said the attempt failed through the platform, so that no member
   of a gang is its team's to pay), charges the GPU-seconds to the team's fair-share usage
   (decayed to now with the half-life, then added), and moves the job on (requeued,
@@ -14,15 +14,29 @@ Contract:
   after its allocation was released (a lost node's, a fenced member's) is ignored here
   (stale), its time staying in the usage, while billing reverses that bill.
   Members of the gang other than the one that reported are told to stop
-  (``AllocationRevoked(reason="fenced")``) unless the job succeeded. It is ``plan_end``
+  (``AllocationRevoked(reason="fenced")``) unless the job succeeded.
+  Only the reporter's GPUs are freed at once (``reporter``: the allocation whose runner
+  said it ended, so its processes are gone; a lost node's, whose node no pass places on).
+  Every other allocation ended here (``Ending.stopping``: a gang's other members, every
+  allocation of a job the scheduler ends itself, as at an expired notice) is released all
+  the same (billed up to its release, the job moved on), but its GPU leases stay live,
+  ``stopping_since`` now: its runner may still be stopping the job there (SIGTERM, the
+  grace for its checkpoint, SIGKILL), so no pass places a new job on them (the unique live
+  lease per GPU refuses one) and a waiting job's reason names them as being freed
+  (``convert.stopping_holder``). They are freed when that runner reports the allocation's
+  end (``handlers``: a report fenced as stale still frees them), when a heartbeat of its
+  node sent after they were held no longer lists the allocation (the runner finished
+  without a report heard, or restarted and killed what was left), or when the node is
+  declared lost (``node_watch``). It is ``plan_end``
   (decide and build the events, no I/O) then ``apply_endings``, which writes any number of
   planned endings of distinct jobs in a few statements (the handlers end a batch's run of
   end reports that way).
 - ``release_expired_notices`` ends, by force, every job whose preemption notice is older
   than the grace: outcome ``preempted``, the job requeued for a new attempt (its next
   allocation takes a new, higher epoch, so a late report from the old runner is fenced),
-  ``AllocationRevoked(reason="fenced")`` to each node, and a ``JobPreempted`` said on the
-  silent runner's behalf so the job's view moves on.
+  ``AllocationRevoked(reason="fenced")`` to each node (its GPUs stay leased while the runner
+  stops it, above), and a ``JobPreempted`` said on the silent runner's behalf so the job's
+  view moves on.
 - Said for the runner, so the job's view follows the scheduler's decision: a job requeued
   after a lost node or a failure gets a ``JobPreempted`` per allocation (event id
   ``said-preempted:<allocation>``; reason ``node lost; requeued for attempt 2 (restart 1 of 3)`` or
@@ -109,6 +123,9 @@ class Ending:
     node_ends: tuple[cordon.NodeEnd, ...] = ()
     """What the ending says of its nodes' health (``cordon.record_ends``): the reporting
     node's platform failure, or a success on every node of the job."""
+    stopping: frozenset[str] = frozenset()
+    """The allocations whose runner has not said their processes are gone (all but the
+    reporter's): their GPUs stay leased, stopping, after the release (``apply_endings``)."""
 
 
 async def end_gang(
@@ -213,6 +230,7 @@ def plan_end(
         gpu_seconds,
         events,
         _node_ends(allocations, kind, decision, reporter, failed),
+        frozenset(a.allocation_id for a in allocations if a.allocation_id != reporter),
     )
 
 
@@ -264,10 +282,15 @@ async def apply_endings(
     conn: asyncpg.Connection, endings: Sequence[Ending], now: datetime, tuning: Tuning
 ) -> None:
     """Write planned endings (of distinct jobs) in a few statements, whatever their number:
-    releases, fair-share usage (two per team), requeues (one, each with its reason, restart
+    releases (the GPUs of each ending's ``stopping`` allocations kept leased), fair-share usage (two per team), requeues (one, each with its reason, restart
     and back-off), other job states (one per distinct next state and reason), then every
     event in plan order."""
-    await allocation_repo.release_allocations(conn, [r for e in endings for r in e.releases])
+    await allocation_repo.release_allocations(
+        conn,
+        [r for e in endings for r in e.releases],
+        frozenset(a for e in endings for a in e.stopping),
+        now,
+    )
     by_team: dict[str, float] = {}
     for ending in endings:
         team = ending.job.spec.team

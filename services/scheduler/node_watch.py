@@ -115,6 +115,8 @@ async def sweep_silent_nodes(
                 reporter=allocation.allocation_id,
             )
     if lost:
+        # What was held on them while a runner stopped an ended allocation is gone with them.
+        await allocation_repo.free_stopping_on(conn, [n["node_id"] for n in lost], now)
         await run_pass(conn, now, tuning)
     return [n["node_id"] for n in lost]
 

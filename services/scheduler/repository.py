@@ -260,7 +260,8 @@ async def load_snapshot_rows(conn: asyncpg.Connection) -> SnapshotRows:
             ready,
         ),
         leases=await conn.fetch(
-            "SELECT l.node_id, l.gpu_index, a.job_id FROM gpu_leases l "
+            "SELECT l.node_id, l.gpu_index, a.job_id, "
+            "l.stopping_since IS NOT NULL AS stopping FROM gpu_leases l "
             "JOIN allocations a USING (allocation_id) JOIN nodes n ON n.node_id = l.node_id "
             "WHERE l.released_at IS NULL AND n.status = $1",
             ready,

@@ -145,8 +145,12 @@ async def test_apply_endings_releases_frees_charges_and_moves_each_job(
             exit_code=1,
             reason="exited with status 1",
         )
+        # Each reported by its runner on its first node (a lost node's as the sweep does).
+        ok_done = ok[0].allocation_id
         endings = [
-            plan_end(await job(conn, "ok"), ok, "succeeded", at(100), at(200), TUNING),
+            plan_end(
+                await job(conn, "ok"), ok, "succeeded", at(100), at(200), TUNING, reporter=ok_done
+            ),
             plan_end(
                 await job(conn, "retry"),
                 retry,
@@ -157,8 +161,24 @@ async def test_apply_endings_releases_frees_charges_and_moves_each_job(
                 reporter=retry[0].allocation_id,
                 failed=failed,
             ),
-            plan_end(await job(conn, "gone"), gone, "lost", at(120), at(200), TUNING),
-            plan_end(await job(conn, "ok2"), ok2, "succeeded", at(130), at(200), TUNING),
+            plan_end(
+                await job(conn, "gone"),
+                gone,
+                "lost",
+                at(120),
+                at(200),
+                TUNING,
+                reporter=gone[0].allocation_id,
+            ),
+            plan_end(
+                await job(conn, "ok2"),
+                ok2,
+                "succeeded",
+                at(130),
+                at(200),
+                TUNING,
+                reporter=ok2[0].allocation_id,
+            ),
         ]
         with caplog.at_level(logging.INFO, logger="trainyard_platform.services.scheduler.leases"):
             await apply_endings(conn, endings, at(200), TUNING)
@@ -176,20 +196,24 @@ async def test_apply_endings_releases_frees_charges_and_moves_each_job(
             (gone[0].allocation_id, "RELEASED", at(120), "lost"),
             (ok2[0].allocation_id, "RELEASED", at(130), "succeeded"),
         ]
-        assert await conn.fetchval("SELECT count(*) FROM gpu_leases WHERE released_at IS NULL") == 0
         leases = await conn.fetch(
-            "SELECT node_id, released_at FROM gpu_leases ORDER BY node_id, gpu_index"
+            "SELECT node_id, released_at, stopping_since FROM gpu_leases "
+            "ORDER BY node_id, gpu_index"
         )
-        assert [(r["node_id"], r["released_at"]) for r in leases] == [
-            ("n1", at(100)),
-            ("n1", at(100)),
-            ("n2", at(100)),
-            ("n3", at(100)),
-            ("n4", at(120)),
-            ("n4", at(120)),
-            ("n4", at(120)),
-            ("n5", at(130)),
+        # Only the reporters' GPUs are free: ok's member on n2 did not say it stopped, so its
+        # GPU stays leased, stopping since the ending.
+        assert [(r["node_id"], r["released_at"], r["stopping_since"]) for r in leases] == [
+            ("n1", at(100), None),
+            ("n1", at(100), None),
+            ("n2", None, at(200)),
+            ("n3", at(100), None),
+            ("n4", at(120), None),
+            ("n4", at(120), None),
+            ("n4", at(120), None),
+            ("n5", at(130), None),
         ]
+        assert endings[0].stopping == {ok[1].allocation_id}
+        assert [e.stopping for e in endings[1:]] == [frozenset()] * 3
         # vision: ok 3 GPUs x 100 s, retry 1 x 90 s, ok2 1 x 100 s; speech: 3 x 100 s.
         assert await usage(conn, "vision") == (490.0, at(200))
         assert await usage(conn, "speech") == (300.0, at(200))
@@ -457,6 +481,21 @@ async def test_an_expired_notice_ends_the_job_by_force_and_fences_its_allocation
         assert [e.data.epoch for e in preempted] == [a.epoch for a in late]
         assert {e.subject for e in preempted} == {"late"}
 
+        # The silent runners may still be stopping the job: its GPUs stay leased.
+        held = await conn.fetch(
+            "SELECT node_id, gpu_index, stopping_since FROM gpu_leases "
+            "WHERE released_at IS NULL AND allocation_id = ANY($1::uuid[]) ORDER BY node_id",
+            [uuid.UUID(a.allocation_id) for a in late],
+        )
+        assert [tuple(r) for r in held] == [("n1", 0, at(100)), ("n2", 1, at(100))]
+        with pytest.raises(asyncpg.UniqueViolationError):
+            async with conn.transaction():
+                await grant(conn, "late", {"n1": (0,)})
+        # Until n1's runner says it stopped: then its GPU is free, n2's still held.
+        freed = await allocation_repo.free_stopped(
+            conn, late[0].allocation_id, "n1", late[0].epoch, at(110)
+        )
+        assert freed == 1
         # The next attempt takes a newer epoch than any the fenced runner holds.
         again = await grant(conn, "late", {"n1": (0,)})
         assert again[0].epoch > max(a.epoch for a in late)
