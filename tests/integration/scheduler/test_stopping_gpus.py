@@ -1,0 +1,120 @@
+"""GPUs an ended allocation held stay out of placement while its runner may still be stopping
+the job there (``services.scheduler.leases``), through NATS and Postgres: a gang cancelled on
+one runner's report keeps its other member's GPUs leased, a waiting job is told they are
+being freed, and they are placed again only once that runner reports its end, or a heartbeat
+it sent later no longer lists the allocation."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from tests.integration.scheduler.conftest import Scheduler, preempted
+from trainyard_platform.services.scheduler.convert import stopping_holder
+from trainyard_platform.services.scheduler.leases import CANCEL_STOP_REASON
+from trainyard_platform.shared.events.payloads import (
+    AllocationGranted,
+    AllocationReleased,
+    AllocationRevoked,
+    JobCancelled,
+    JobCancelRequested,
+    JobPending,
+    RunnerHeartbeat,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def beat(node_id: str, running: list[str], sent_at: datetime) -> RunnerHeartbeat:
+    return RunnerHeartbeat(
+        node_id=node_id,
+        hostname=f"{node_id}.local",
+        gpu_flavor="cpu",
+        gpu_count=2,
+        running_allocations=running,
+        sent_at=sent_at,
+    )
+
+
+async def held(scheduler: Scheduler) -> list[tuple[str, int]]:
+    """The GPUs leased to ended allocations (stopping), by node and index."""
+    rows = await scheduler.pool.fetch(
+        "SELECT l.node_id, l.gpu_index FROM gpu_leases l JOIN allocations a "
+        "USING (allocation_id) WHERE l.released_at IS NULL AND a.released_at IS NOT NULL "
+        "AND l.stopping_since IS NOT NULL ORDER BY l.node_id, l.gpu_index"
+    )
+    return [(r["node_id"], r["gpu_index"]) for r in rows]
+
+
+async def cancelled_gang_still_stopping_on_n2(
+    scheduler: Scheduler,
+) -> tuple[AllocationGranted, AllocationGranted, JobPending]:
+    """job-1 runs on n1 and n2 (2 GPUs each) and is cancelled; n1's runner reports its stop,
+    n2's has not yet; job-2 asks for all four GPUs. Returns job-1's grants on n1 and n2 and
+    job-2's pending note."""
+    await scheduler.heartbeat("n1", gpus=2)
+    await scheduler.heartbeat("n2", gpus=2)
+    await scheduler.submit("job-1", gpus=4)
+    grants = await scheduler.wait_for(AllocationGranted, count=2)
+    on_n1, on_n2 = sorted(grants, key=lambda g: g.node_id)
+    assert (on_n1.node_id, on_n2.node_id) == ("n1", "n2")
+
+    await scheduler.send(JobCancelRequested(job_id="job-1", team="vision", user="ada"), "job-1")
+    await scheduler.wait_for(AllocationRevoked, count=2)
+    await scheduler.send(preempted(on_n1, CANCEL_STOP_REASON), "job-1")
+    await scheduler.wait_for(JobCancelled)
+    released = await scheduler.wait_for(AllocationReleased, count=2)
+    assert {r.allocation_id for r in released} == {on_n1.allocation_id, on_n2.allocation_id}
+    # The books are closed (billed, job cancelled), but n2's runner may still be stopping it.
+    assert await held(scheduler) == [("n2", 0), ("n2", 1)]
+
+    await scheduler.submit("job-2", gpus=4)
+    (pending,) = await scheduler.wait_for(JobPending, lambda p: p.job_id == "job-2")
+    return on_n1, on_n2, pending
+
+
+async def test_a_cancelled_gangs_gpus_are_placed_again_only_once_its_last_runner_stopped(
+    scheduler: Scheduler,
+) -> None:
+    _, on_n2, pending = await cancelled_gang_still_stopping_on_n2(scheduler)
+    assert stopping_holder("job-1") in pending.reason
+    assert "GPUs are being freed" in pending.reason
+    assert pending.blocking == "job-1"
+
+    # n2's runner still lists the allocation it is stopping: the GPUs stay held, whatever the
+    # passes meanwhile (one runs after every heartbeat batch and on the timer).
+    await scheduler.send(beat("n2", [on_n2.allocation_id], datetime.now(UTC)), "n2")
+    assert await held(scheduler) == [("n2", 0), ("n2", 1)]
+    assert scheduler.events(AllocationGranted, lambda g: g.job_id == "job-2") == []
+
+    # Its report that the job stopped (fenced as stale: the allocation ended) frees them.
+    await scheduler.send(preempted(on_n2, CANCEL_STOP_REASON), "job-1")
+    grants = await scheduler.wait_for(AllocationGranted, lambda g: g.job_id == "job-2", count=2)
+    assert sorted((g.node_id, tuple(g.gpu_indices)) for g in grants) == [
+        ("n1", (0, 1)),
+        ("n2", (0, 1)),
+    ]
+    assert await held(scheduler) == []
+
+
+async def test_a_heartbeat_sent_after_the_end_without_the_allocation_frees_its_gpus(
+    scheduler: Scheduler,
+) -> None:
+    _, on_n2, _ = await cancelled_gang_still_stopping_on_n2(scheduler)
+
+    # One sent before the allocation ended says nothing of its stop: still held.
+    before = await scheduler.pool.fetchval(
+        "SELECT min(stopping_since) FROM gpu_leases WHERE allocation_id = $1::uuid",
+        on_n2.allocation_id,
+    )
+    await scheduler.send(beat("n2", [], before - timedelta(seconds=1)), "n2")
+    assert await held(scheduler) == [("n2", 0), ("n2", 1)]
+    assert scheduler.events(AllocationGranted, lambda g: g.job_id == "job-2") == []
+
+    # The runner restarted (it kills what the old process left) and never said the end:
+    # its next heartbeat no longer lists the allocation, and the GPUs are free.
+    await scheduler.send(beat("n2", [], datetime.now(UTC)), "n2")
+    grants = await scheduler.wait_for(AllocationGranted, lambda g: g.job_id == "job-2", count=2)
+    assert sorted(g.node_id for g in grants) == ["n1", "n2"]
+    assert await held(scheduler) == []
