@@ -23,7 +23,8 @@ Contract:
   job being cancelled, or under a preemption notice, is *leaving* (never chosen as a victim
   again); a GPU still leased to an ended allocation while its runner stops the job
   (``leases``) is no free GPU, its holder named as stopping (``stopping_holder``: a waiting
-  job's reason says its GPUs are being freed); usage is decayed to ``now`` with the
+  job's reason says its GPUs are being freed; ``Node.teams`` gives the holder's team, so
+  another team's reader sees it by its team only, as any holder); usage is decayed to ``now`` with the
   policy's ``decay_usage``.
 - ``pending_notes(decisions, built, now)`` gives every waiting job its ``PendingNote``
   (reason, position, blocking, suggestion, estimated start as a datetime) and
@@ -106,7 +107,8 @@ class SnapshotRows:
     """Ready nodes: node_id, gpu_flavor, gpu_count, topology, cordoned (and address)."""
     leases: Sequence[Row]
     """Live leases on ready nodes: node_id, gpu_index, job_id (and stopping: the lease
-    outlives its ended allocation while the runner stops the job, ``leases``)."""
+    outlives its ended allocation while the runner stops the job, ``leases``; team: that
+    job's team, for a stopping one)."""
     running: Sequence[Row]
     """Live allocations with their job: allocation_id, epoch, job_id, queue, gpu_flavor, gpus,
     priority_class, submitted_at, seq,
@@ -320,9 +322,11 @@ def _nodes(
     node_rows: Sequence[Row], lease_rows: Sequence[Row]
 ) -> tuple[tuple[Node, ...], dict[str, int]]:
     used: dict[str, dict[int, str]] = {}
+    teams: dict[str, dict[str, str]] = {}
     for lease in lease_rows:
         holder = lease["job_id"]
         if lease.get("stopping"):  # not free: the ended job may still run on it
+            teams.setdefault(lease["node_id"], {})[holder] = lease["team"]
             holder = stopping_holder(holder)
         used.setdefault(lease["node_id"], {})[lease["gpu_index"]] = holder
     totals: dict[str, int] = {}
@@ -340,6 +344,7 @@ def _nodes(
                 n["gpu_count"],
                 n["topology"],
                 used.get(n["node_id"], {}),
+                teams.get(n["node_id"], {}),
             )
         )
     return tuple(nodes), totals

@@ -261,7 +261,9 @@ async def load_snapshot_rows(conn: asyncpg.Connection) -> SnapshotRows:
         ),
         leases=await conn.fetch(
             "SELECT l.node_id, l.gpu_index, a.job_id, "
-            "l.stopping_since IS NOT NULL AS stopping FROM gpu_leases l "
+            "l.stopping_since IS NOT NULL AS stopping, CASE WHEN l.stopping_since IS NOT NULL "
+            "THEN (SELECT j.team FROM jobs j WHERE j.job_id = a.job_id) END AS team "
+            "FROM gpu_leases l "
             "JOIN allocations a USING (allocation_id) JOIN nodes n ON n.node_id = l.node_id "
             "WHERE l.released_at IS NULL AND n.status = $1",
             ready,

@@ -162,6 +162,9 @@ class PolicyState:
         held: dict[str, int] = {}
         for r in sorted(snapshot.running, key=_by_job_id):
             self._admit_running(r, held)
+        for n in snapshot.nodes:  # holders whose GPUs are being freed: named as any job
+            for job_id, team in n.teams.items():
+                self.team_of_job.setdefault(job_id, team)
         cluster_gpus = sum(p.total for p in self.pools.values())
         self.fair = FairShare(
             self.quota.queues.values(),

@@ -38,7 +38,12 @@ class Node:
     topology: str = ""
     """Topology domain (NVLink domain, rack); multi-node gangs prefer one domain."""
     used: Mapping[int, str] = field(default_factory=dict)
-    """GPU index -> id of the (running) job holding it. Indices are ``0..gpu_count-1``."""
+    """GPU index -> id of the (running) job holding it, or a text that starts with the id
+    of a job that no longer runs but whose GPUs are still being freed (the service's
+    ``convert.stopping_holder``). Indices are ``0..gpu_count-1``."""
+    teams: Mapping[str, str] = field(default_factory=dict)
+    """Job id -> team of the holders in ``used`` that are no running job (GPUs being
+    freed): explanations name another team's job by its team, these too."""
 
 
 # --- configuration of demand ---------------------------------------------------------------

@@ -48,11 +48,11 @@ async def held(scheduler: Scheduler) -> list[tuple[str, int]]:
 
 
 async def cancelled_gang_still_stopping_on_n2(
-    scheduler: Scheduler,
+    scheduler: Scheduler, team: str = "vision"
 ) -> tuple[AllocationGranted, AllocationGranted, JobPending]:
-    """job-1 runs on n1 and n2 (2 GPUs each) and is cancelled; n1's runner reports its stop,
-    n2's has not yet; job-2 asks for all four GPUs. Returns job-1's grants on n1 and n2 and
-    job-2's pending note."""
+    """job-1 (of vision) runs on n1 and n2 (2 GPUs each) and is cancelled; n1's runner
+    reports its stop, n2's has not yet; job-2 (of ``team``) asks for all four GPUs. Returns
+    job-1's grants on n1 and n2 and job-2's pending note."""
     await scheduler.heartbeat("n1", gpus=2)
     await scheduler.heartbeat("n2", gpus=2)
     await scheduler.submit("job-1", gpus=4)
@@ -69,7 +69,7 @@ async def cancelled_gang_still_stopping_on_n2(
     # The books are closed (billed, job cancelled), but n2's runner may still be stopping it.
     assert await held(scheduler) == [("n2", 0), ("n2", 1)]
 
-    await scheduler.submit("job-2", gpus=4)
+    await scheduler.submit("job-2", gpus=4, team=team)
     (pending,) = await scheduler.wait_for(JobPending, lambda p: p.job_id == "job-2")
     return on_n1, on_n2, pending
 
@@ -101,7 +101,11 @@ async def test_a_cancelled_gangs_gpus_are_placed_again_only_once_its_last_runner
 async def test_a_heartbeat_sent_after_the_end_without_the_allocation_frees_its_gpus(
     scheduler: Scheduler,
 ) -> None:
-    _, on_n2, _ = await cancelled_gang_still_stopping_on_n2(scheduler)
+    _, on_n2, pending = await cancelled_gang_still_stopping_on_n2(scheduler, team="speech")
+    # Another team's job is named by its team only, a stopping one too.
+    assert "job-1" not in pending.reason
+    assert "a vision job (stopping: its GPUs are being freed)" in pending.reason
+    assert pending.blocking == "vision"
 
     # One sent before the allocation ended says nothing of its stop: still held.
     before = await scheduler.pool.fetchval(

@@ -15,6 +15,7 @@ from trainyard_platform.services.scheduler.convert import (
     normalise_reason,
     note_changed,
     pending_notes,
+    stopping_holder,
     to_epoch,
 )
 from trainyard_platform.services.scheduler.domain import Allocation, AllocationStatus
@@ -120,6 +121,30 @@ def test_nodes_carry_their_leases_and_topology() -> None:
     n1 = next(n for n in built.snapshot.nodes if n.node_id == "n1")
     assert (n1.flavor, n1.gpu_count, n1.topology, dict(n1.used)) == ("a100", 4, "r1", {2: "j9"})
     assert built.snapshot.now == NOW.timestamp()
+
+
+def test_a_gpu_still_stopping_is_not_free_and_its_holder_is_said_to_be_freeing_it() -> None:
+    stopping = {"node_id": "n1", "stopping": True, "job_id": "old", "team": "team-z"}
+    built = build_snapshot(
+        rows(
+            nodes=[node("n1", gpus=2)],
+            leases=[{**stopping, "gpu_index": 0}, {**stopping, "gpu_index": 1}],
+            pending=[waiting("new", "qa", gpus=2)],
+        ),
+        NOW,
+        HALF_LIFE,
+    )
+    (n1,) = built.snapshot.nodes
+    holder = stopping_holder("old")
+    assert (dict(n1.used), dict(n1.teams)) == ({0: holder, 1: holder}, {"old": "team-z"})
+    decisions = schedule(built.snapshot, PolicyConfig())
+    assert decisions.placements == ()
+    (explained,) = decisions.explanations.values()
+    # Read by team-a, which the old job is not of: named by its team, as any holder is.
+    assert "no a100 GPU is free; they are held by a team-z job (stopping: its GPUs are being " in (
+        explained.reason
+    )
+    assert explained.blocking == "team-z"
 
 
 def test_queues_get_their_quotas_and_an_implicit_queue_gets_more_than_the_cluster() -> None:
