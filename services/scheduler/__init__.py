@@ -10,6 +10,8 @@ supply or demand, and on a timer, it runs a scheduling pass (the pure policy
 ``allocation.released`` (for billing), ``job.pending`` (reason, position, blocking,
 suggestion, estimated start; only when they change), ``job.cancelled``, and on behalf of a
 runner that cannot: ``job.failed`` (node lost too often) and ``job.preempted`` (grace over).
-No GPU is leased twice: a partial unique index over live leases forbids it. Several
+No GPU is leased twice: a partial unique index over live leases forbids it, and an
+allocation the scheduler ends before its runner says the job stopped keeps its leases
+until that runner has (``leases``). Several
 processes may run; one leads (a Postgres advisory lock), the others stand by.
 """

@@ -9,7 +9,10 @@ are handed back for the new leader: ``NotLeader`` is a ``bus.NotNow``). Handlers
 Events about allocations are fenced by allocation id and epoch; a stale or out-of-order
 event is logged and ignored, never applied. One exception: the success of an allocation
 released because its node was declared lost is a real result, and is kept
-(``late_success``). An event that can never apply is rejected to the
+(``late_success``). An end report of an allocation that ended here already still says its
+processes are gone: the GPUs kept leased while it stopped (``leases``) are freed, and so
+are they when a node's heartbeat sent after they were held no longer lists the allocation;
+either asks for a pass. An event that can never apply is rejected to the
 dead-letter stream. A change of supply or demand asks for a scheduling pass (``poke``),
 which runs in its own transaction right after this one commits; a newly queued job is only
 reported (``arrived``, when given: the leader decides it by the fast path or asks for a
@@ -283,7 +286,9 @@ class SchedulerHandlers:
         pass reads of the node (``repository.Judged.places_as``: a new node, one back, other
         GPUs, flavor or topology), not for a claim that differs and is capped the same; each
         field capped is logged as a warning naming the node when it starts being capped or
-        the node's supply changes, not at every judgement."""
+        the node's supply changes, not at every judgement. The runner is told to stop an
+        ended allocation it still lists (``_fence_strays``), and the GPUs held for one it no
+        longer lists are freed (``_free_unlisted``)."""
         if heartbeat.gpu_count < 0:
             raise Reject(f"gpu_count: must be >= 0, got {heartbeat.gpu_count}")
         report = (heartbeat.hostname, heartbeat.gpu_flavor, heartbeat.gpu_count)

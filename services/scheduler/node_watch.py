@@ -25,7 +25,9 @@ allocation on it loses its whole gang (each allocation released with outcome ``l
 up to the node's last heartbeat; the gang's other nodes are told to stop); each job is
 requeued for its next attempt at once (no back-off: the node is gone), or FAILED ("node_lost:
 node lost; max restarts (N) reached after M attempts") once ``spec.max_restarts`` restarts are
-used (failures and lost nodes share the count); then a pass places what it can. A success the
+used (failures and lost nodes share the count); the GPUs held on a lost node for ended
+allocations whose runner was still stopping them are freed (``leases``: the node is placed
+on no more; a retired node must hold nothing); then a pass places what it can. A success the
 runner of a lost allocation reports later is still accepted (``late_success``).
 
 ``NodeWatch.run`` sweeps every ``node_check_interval_seconds`` until stopped. A failed sweep is
