@@ -32,6 +32,7 @@ from trainyard_platform.services.scheduler.leases import (
     plan_end,
     release_expired_notices,
 )
+from trainyard_platform.services.scheduler.node_watch import sweep_silent_nodes
 from trainyard_platform.services.scheduler.policy.model import PolicyConfig
 from trainyard_platform.services.scheduler.scheduling import Tuning
 from trainyard_platform.shared.events import parse_envelope
@@ -649,3 +650,66 @@ async def test_a_forced_ends_lines_carry_the_jobs_id(pool: asyncpg.Pool) -> None
         f"allocation(s) {late[0].allocation_id} of job late ended (preempted)",
     ]
     assert [line.get("job_id") for line in about] == ["late", "late"]
+
+
+async def lease_of(conn: asyncpg.Connection, allocation: Allocation) -> tuple[Any, Any]:
+    """(released_at, stopping_since) of the allocation's one GPU lease."""
+    row = await conn.fetchrow(
+        "SELECT released_at, stopping_since FROM gpu_leases WHERE allocation_id = $1::uuid",
+        allocation.allocation_id,
+    )
+    assert row is not None
+    return row["released_at"], row["stopping_since"]
+
+
+async def test_a_lost_nodes_gang_peer_keeps_its_gpu_until_a_later_heartbeat_or_its_own_loss(
+    pool: asyncpg.Pool,
+) -> None:
+    async with pool.acquire() as conn, conn.transaction():
+        await add_job(conn, "gang", max_restarts=3)
+        on_n1, on_n2 = await grant(conn, "gang", {"n1": (0,), "n2": (1,)})
+        await conn.execute("UPDATE nodes SET last_heartbeat = $1 WHERE node_id = 'n2'", at(100))
+        assert await sweep_silent_nodes(conn, at(50), at(60), TUNING) == ["n1"]
+        # n1's GPU is free (n1 is lost); n2's runner was only told to stop its member.
+        assert await lease_of(conn, on_n1) == (T0, None)
+        assert await lease_of(conn, on_n2) == (None, at(60))
+
+        # A heartbeat still listing it, or sent before the GPU was held, frees nothing.
+        listed = [on_n2.allocation_id, "not-a-uuid"]
+        assert await allocation_repo.free_unlisted(conn, "n2", listed, at(70), at(70)) == 0
+        assert await allocation_repo.free_unlisted(conn, "n2", [], at(59), at(70)) == 0
+        # Another node's heartbeat, or a report of another epoch, neither.
+        assert await allocation_repo.free_unlisted(conn, "n1", [], at(80), at(80)) == 0
+        assert await allocation_repo.free_stopped(conn, on_n2.allocation_id, "n2", 0, at(80)) == 0
+        assert await lease_of(conn, on_n2) == (None, at(60))
+
+        # n2 is lost too: whatever it held is gone with it.
+        assert await sweep_silent_nodes(conn, at(150), at(160), TUNING) == ["n2"]
+        assert await lease_of(conn, on_n2) == (at(160), at(60))
+        live = await conn.fetchval(
+            "SELECT count(*) FROM gpu_leases WHERE released_at IS NULL AND node_id IN ('n1', 'n2')"
+        )
+        assert live == 0
+
+
+async def test_a_heartbeat_sent_after_the_hold_without_the_allocation_frees_it(
+    pool: asyncpg.Pool,
+) -> None:
+    async with pool.acquire() as conn, conn.transaction():
+        await add_job(conn, "gang")
+        on_n1, on_n2 = await grant(conn, "gang", {"n1": (0,), "n2": (1, 2)})
+        ending = plan_end(
+            await job(conn, "gang"),
+            [on_n1, on_n2],
+            "preempted",
+            at(10),
+            at(20),
+            TUNING,
+            reporter=on_n1.allocation_id,
+        )
+        await apply_endings(conn, [ending], at(20), TUNING)
+        assert await allocation_repo.free_unlisted(conn, "n2", ["junk"], at(21), at(22)) == 2
+        held = await conn.fetchval(
+            "SELECT count(*) FROM gpu_leases WHERE released_at IS NULL AND node_id = 'n2'"
+        )
+        assert held == 0
