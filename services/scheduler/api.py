@@ -545,6 +545,7 @@ def create_app(
                 await repo.pending_heads(conn, PENDING_SHOWN),
                 await admin_repo.queues(conn),
                 await admin_repo.quotas(conn),
+                await repo.stopping_leases(conn),
             )
 
     @get(

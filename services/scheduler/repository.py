@@ -566,6 +566,18 @@ async def running_allocations(conn: asyncpg.Connection) -> list[Row]:
     return rows
 
 
+async def stopping_leases(conn: asyncpg.Connection) -> list[Row]:
+    """GPUs still leased to ended allocations while their runners stop them (``leases``):
+    node_id, gpu_index, job_id."""
+    rows: list[Row] = await conn.fetch(
+        "SELECT l.node_id, l.gpu_index, a.job_id FROM gpu_leases l "
+        "JOIN allocations a USING (allocation_id) "
+        "WHERE l.released_at IS NULL AND l.stopping_since IS NOT NULL "
+        "ORDER BY l.node_id, l.gpu_index"
+    )
+    return rows
+
+
 _PENDING_COLUMNS = (
     "job_id, team, queue, gpu_flavor, gpus, priority_class, attempt, submitted_at, "
     "pending_reason, pending_position, pending_blocking, pending_suggestion, "

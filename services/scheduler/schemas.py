@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from trainyard_platform.services.scheduler.convert import queues_from_rows
+from trainyard_platform.services.scheduler.convert import queues_from_rows, stopping_holder
 from trainyard_platform.services.scheduler.policy.quota import QuotaBook
 
 Row = Mapping[str, Any]
@@ -68,7 +68,8 @@ class NodeView(_Schema):
     free_gpus: list[int]
     """Indices free for new work (none on a LOST or cordoned node)."""
     used_gpus: dict[int, str]
-    """GPU index -> id of the job leasing it."""
+    """GPU index -> id of the job leasing it; for a GPU still leased to an ended allocation
+    while its runner stops the job, ``<job id> (stopping: its GPUs are being freed)``."""
     last_heartbeat: datetime
     cordon: CordonView | None = None
     """Set while the node is cordoned: no new allocation is placed on it."""
@@ -188,11 +189,16 @@ def queue_view(
     pending: Sequence[Row],
     queues: Sequence[Row],
     quotas: Sequence[Row],
+    stopping: Sequence[Row] = (),
 ) -> QueueView:
+    """The operators' view; ``stopping``: GPUs still leased to ended allocations while
+    their runners stop them (``repository.stopping_leases``), used, not free."""
     used: dict[str, dict[int, str]] = {}
     for a in allocations:
         for index in a["gpu_indices"]:
             used.setdefault(a["node_id"], {})[index] = a["job_id"]
+    for lease in stopping:
+        used.setdefault(lease["node_id"], {})[lease["gpu_index"]] = stopping_holder(lease["job_id"])
     totals: dict[str, int] = {}
     for n in nodes:
         if n["status"] == "READY":

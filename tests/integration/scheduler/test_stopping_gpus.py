@@ -11,8 +11,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from tests.integration.scheduler.conftest import Scheduler, preempted
+from trainyard_platform.services.scheduler import repository as repo
 from trainyard_platform.services.scheduler.convert import stopping_holder
 from trainyard_platform.services.scheduler.leases import CANCEL_STOP_REASON
+from trainyard_platform.services.scheduler.schemas import queue_view
 from trainyard_platform.shared.events.payloads import (
     AllocationGranted,
     AllocationReleased,
@@ -87,6 +89,21 @@ async def test_a_cancelled_gangs_gpus_are_placed_again_only_once_its_last_runner
     await scheduler.send(beat("n2", [on_n2.allocation_id], datetime.now(UTC)), "n2")
     assert await held(scheduler) == [("n2", 0), ("n2", 1)]
     assert scheduler.events(AllocationGranted, lambda g: g.job_id == "job-2") == []
+    # The operators' view shows them used, not free.
+    async with scheduler.pool.acquire() as conn:
+        view = queue_view(
+            await repo.all_nodes(conn),
+            await repo.running_allocations(conn),
+            [],
+            [],
+            [],
+            await repo.stopping_leases(conn),
+        )
+    n2 = next(n for n in view.nodes if n.node_id == "n2")
+    assert (n2.free_gpus, n2.used_gpus) == (
+        [],
+        {0: stopping_holder("job-1"), 1: stopping_holder("job-1")},
+    )
 
     # Its report that the job stopped (fenced as stale: the allocation ended) frees them.
     await scheduler.send(preempted(on_n2, CANCEL_STOP_REASON), "job-1")
