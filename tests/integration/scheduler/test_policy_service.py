@@ -302,6 +302,11 @@ async def test_a_gang_spans_nodes_and_ends_together(scheduler: Scheduler) -> Non
     assert scheduler.events(AllocationRevoked) == []  # finishing members are left alone
     used = await scheduler.pool.fetchval("SELECT gpu_seconds FROM usage WHERE team = 'vision'")
     assert used is not None and used >= 0
+    # The other member's runner says its end too (fenced: the allocation ended), and only
+    # then are its GPUs free: until it does, its processes may still be on them.
+    other = grants[1]
+    update = {"allocation_id": other.allocation_id, "node_id": other.node_id, "epoch": other.epoch}
+    await scheduler.send(ended.model_copy(update=update), "gang")
 
     # A member that fails takes the gang down; the other node is told to stop.
     await scheduler.submit("gang-2", gpus=4, max_restarts=0)
@@ -319,6 +324,15 @@ async def test_a_gang_spans_nodes_and_ends_together(scheduler: Scheduler) -> Non
     (fence,) = await scheduler.wait_for(AllocationRevoked)
     assert (fence.allocation_id, fence.reason) == (second[0].allocation_id, "fenced")
     assert (await job(scheduler.pool, "gang-2"))["status"] == "FAILED"
+    # The fenced member's GPUs stay leased while its runner stops it, until it says so.
+    stopping = await scheduler.pool.fetch(
+        "SELECT node_id, gpu_index FROM gpu_leases WHERE released_at IS NULL "
+        "AND stopping_since IS NOT NULL ORDER BY gpu_index"
+    )
+    assert [(r["node_id"], r["gpu_index"]) for r in stopping] == [
+        (second[0].node_id, i) for i in second[0].gpu_indices
+    ]
+    await scheduler.send(preempted(second[0], "fenced"), "gang-2")
     live = await scheduler.pool.fetchval(
         "SELECT count(*) FROM gpu_leases WHERE released_at IS NULL"
     )
