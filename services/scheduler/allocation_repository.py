@@ -218,6 +218,18 @@ async def free_stopped(
     return freed
 
 
+FREE_UNLISTED = (
+    "WITH freed AS (UPDATE gpu_leases SET released_at = $4 "
+    "               WHERE node_id = $1 AND released_at IS NULL "
+    "                 AND stopping_since IS NOT NULL AND stopping_since < $3 "
+    "                 AND allocation_id <> ALL($2::uuid[]) RETURNING 1) "
+    "SELECT count(*) FROM freed"
+)
+"""``free_unlisted``'s statement, run at every heartbeat: a node's stopping leases are among
+its live ones, which the partial unique index ``gpu_leases_one_live_per_gpu`` finds without
+reading the node's past leases."""
+
+
 async def free_unlisted(
     conn: asyncpg.Connection,
     node_id: str,
@@ -235,11 +247,7 @@ async def free_unlisted(
         except ValueError:
             continue  # no allocation of ours: it keeps nothing held
     freed: int = await conn.fetchval(
-        "WITH freed AS (UPDATE gpu_leases SET released_at = $4 "
-        "               WHERE node_id = $1 AND released_at IS NULL "
-        "                 AND stopping_since IS NOT NULL AND stopping_since < $3 "
-        "                 AND allocation_id <> ALL($2::uuid[]) RETURNING 1) "
-        "SELECT count(*) FROM freed",
+        FREE_UNLISTED,
         node_id,
         listed,
         sent_at,

@@ -713,3 +713,40 @@ async def test_a_heartbeat_sent_after_the_hold_without_the_allocation_frees_it(
             "SELECT count(*) FROM gpu_leases WHERE released_at IS NULL AND node_id = 'n2'"
         )
         assert held == 0
+
+
+async def test_the_heartbeats_statement_reads_a_few_pages_whatever_the_nodes_past(
+    pool: asyncpg.Pool,
+) -> None:
+    """``free_unlisted`` runs at every heartbeat of every node: the index of live leases
+    finds the node's stopping ones without walking the leases its node ever had."""
+    history = 5000
+    async with pool.acquire() as conn, conn.transaction():
+        await add_job(conn, "old")
+        await grant(conn, "old", {"n1": (0,)})
+        await conn.execute(
+            "INSERT INTO allocations (allocation_id, job_id, node_id, epoch, attempt, "
+            "gpu_indices, status, granted_at, gang_id, gang_size, borrowed, released_at, outcome) "
+            "SELECT id, 'old', 'n1', 100 + i, 0, '{1}', 'RELEASED', $1, id, 1, false, $1, "
+            "'succeeded' "
+            "FROM (SELECT i, gen_random_uuid() AS id FROM generate_series(1, $2) i) s",
+            T0,
+            history,
+        )
+        await conn.execute(
+            "INSERT INTO gpu_leases (allocation_id, node_id, gpu_index, released_at) "
+            "SELECT allocation_id, 'n1', 1, released_at FROM allocations "
+            "WHERE released_at IS NOT NULL"
+        )
+        await conn.execute("ANALYZE gpu_leases")
+        plan = json.loads(
+            await conn.fetchval(
+                f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {allocation_repo.FREE_UNLISTED}",
+                "n1",
+                [],
+                at(100),
+                at(100),
+            )
+        )[0]
+    pages = plan["Plan"]["Shared Hit Blocks"] + plan["Plan"]["Shared Read Blocks"]
+    assert pages < 20, f"{pages} pages read for a node with {history} leases in its past"
