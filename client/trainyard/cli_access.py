@@ -23,7 +23,9 @@ auditor's export of any size, never held in memory. A refusal, or an export that
 is an error (exit non-zero) after the lines already written.
 
 A new token is printed once, alone on stdout with ``--json`` off, so that
-``export TRAINYARD_TOKEN=$(trainyard token rotate)`` works.
+``export TRAINYARD_TOKEN=$(trainyard token rotate)`` works. ``token create`` sends its
+request under an ``Idempotency-Key`` and sends it again when no answer came or the API was
+away, never making a second token for one it lost the answer of (``create_token``).
 
 ``user show`` prints the user's ``etag`` last (the submission API's ``ETag``; with ``--json``
 on stderr, ``cli_base.emit_tagged``); ``user role`` and ``user disable`` with ``--if-match
@@ -34,18 +36,22 @@ it since, nothing changes and one line says so and to run ``show`` again (exit 1
 from __future__ import annotations
 
 import argparse
+import time
+import uuid
 from typing import Any
 
 from trainyard.cli_base import (
+    CliError,
     add_if_match,
     conditional,
     emit_tagged,
     if_match,
+    note,
     positive_arg,
     whole_arg,
 )
 from trainyard.cli_render import none_yet, table, time_text
-from trainyard.client import TrainyardClient
+from trainyard.client import NoAnswer, TrainyardClient, TrainyardError
 
 ROLES = ("viewer", "member", "admin", "operator")
 TOKEN_DAYS_MIN, TOKEN_DAYS_MAX = 1, 366
@@ -152,9 +158,59 @@ def _token(client: TrainyardClient, args: argparse.Namespace, as_json: bool) -> 
     if args.action == "revoke":
         client.revoke_token(args.token_id)
         return {"revoked": args.token_id} if as_json else f"token {args.token_id} revoked"
-    make = client.create_token if args.action == "create" else client.rotate_token
-    made = make(name=args.name, days=args.days)
+    if args.action == "create":
+        made = create_token(client, args.name, args.days)
+    else:
+        made = client.rotate_token(name=args.name, days=args.days)
     return made if as_json else str(made["token"])
+
+
+TOKEN_TRIES = 3
+"""How many requests ``token create`` sends at most, for its answer lost or the API away."""
+TOKEN_PAUSE_S = 1.0
+"""How long ``token create`` waits before its first retry (then twice as long each time,
+or what the API's ``Retry-After`` says, up to ``TOKEN_PAUSE_MAX_S``)."""
+TOKEN_PAUSE_MAX_S = 30.0
+AWAY = frozenset({502, 503, 504})
+"""Statuses of an API that is away for a while, whose request is sent again."""
+
+
+def create_token(client: TrainyardClient, name: str | None, days: int | None) -> dict[str, Any]:
+    """``token create``: ``POST /v1/tokens`` under an ``Idempotency-Key`` of its own, sent
+    again under the same key when it got no answer in time (``NoAnswer``: the token may have
+    been made all the same) or the API was away (502-504), ``TOKEN_TRIES`` requests at
+    most. A retry of a request the server did make answers that token without its secret
+    (only its hash is kept): nobody holds that secret, so the token is revoked, not left
+    live, and another is made under a new key. Any other refusal is raised at once."""
+    key, pause = _token_key(), TOKEN_PAUSE_S
+    for attempt in range(1, TOKEN_TRIES + 1):
+        try:
+            made = client.create_token(name=name, days=days, idempotency_key=key)
+        except TrainyardError as exc:
+            if attempt == TOKEN_TRIES or not (isinstance(exc, NoAnswer) or exc.status in AWAY):
+                raise
+            wait = pause if exc.retry_after is None else min(exc.retry_after, TOKEN_PAUSE_MAX_S)
+            note(f"{exc}; trying again in {wait:g} s under the same Idempotency-Key")
+            time.sleep(wait)
+            pause = min(2 * pause, TOKEN_PAUSE_MAX_S)
+            continue
+        if made["token"] is not None:
+            return made
+        client.revoke_token(made["id"])
+        lost = (
+            f"token {made['id']} was made by an earlier try whose answer was lost, and its "
+            "secret is shown only in that answer: revoked it"
+        )
+        if attempt == TOKEN_TRIES:
+            raise CliError(f"{lost}; no token was made: run the command again")
+        note(f"{lost}; making another")
+        key = _token_key()
+    raise AssertionError("unreachable: the last try returns or raises")
+
+
+def _token_key() -> str:
+    """An ``Idempotency-Key`` no other request of this user has."""
+    return f"trainyard-token-create-{uuid.uuid4()}"
 
 
 def _user(client: TrainyardClient, args: argparse.Namespace, as_json: bool) -> Any:

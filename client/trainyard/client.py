@@ -121,6 +121,15 @@ class TrainyardError(Exception):
         return f"{head} ({'; '.join(fields)})" if fields else head
 
 
+class NoAnswer(TrainyardError):
+    """A request the server took and did not answer in time (status 0, as any request that
+    got no answer): it may have been done all the same, so only a request under an
+    ``Idempotency-Key`` is safe to send again as it was."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(0, message)
+
+
 class MalformedAnswer(TrainyardError):
     """A successful (2xx) answer that is not what its route answers: the server's fault, or
     that of what stands between, not the caller's. ``status`` is the answer's, so it is
@@ -346,9 +355,14 @@ class TrainyardClient:
         params = {k: v for k, v in (("user", user), ("team", team)) if v}
         return self._list("GET", "/v1/tokens", params=params)
 
-    def create_token(self, name: str | None = None, days: int | None = None) -> dict[str, Any]:
-        """A new token for this client's user; the secret is in ``token``, shown once."""
-        return self._object("POST", "/v1/tokens", json=_token_body(name, days))
+    def create_token(
+        self, name: str | None = None, days: int | None = None, idempotency_key: str | None = None
+    ) -> dict[str, Any]:
+        """A new token for this client's user; the secret is in ``token``, shown once. With
+        ``idempotency_key``, a request the server already made a token for answers that
+        token with ``token`` None: its secret is not kept (docs/security.md, "Tokens")."""
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        return self.call("POST", "/v1/tokens", _token_body(name, days), headers)
 
     def rotate_token(self, name: str | None = None, days: int | None = None) -> dict[str, Any]:
         """Replace this client's token: a new one (``token``) and the old one revoked."""
@@ -579,7 +593,7 @@ class TrainyardClient:
         said += "the time allowed" if waited is None else f"{waited:g} s"
         if method not in ("GET", "HEAD"):
             said += "; the server may have done it all the same: look before you repeat it"
-        return TrainyardError(0, said)
+        return NoAnswer(said)
 
 
 def unreached(base_url: str) -> str:

@@ -37,6 +37,10 @@ Contract:
   a client retrying after a lost answer is not pushed into 429 by its own retries);
   anything else under a key (a new job, a different request, a refusal) spends a write,
   as without one, and a job is stored only once its write is spent.
+- ``POST /v1/tokens`` with an ``Idempotency-Key`` this user made a token with
+  (``identity.replay_token``): the same request answers 200 with that token without its
+  secret (``"token": null``; only its hash is stored), a different one 409 naming the
+  header; spent as a submission's retry (a read; anything else a write).
 - Code bundles are per team: ``HEAD /v1/bundles/{sha256}`` answers 200 when the caller's
   team has uploaded it, else 404; ``PUT /v1/bundles/{sha256}`` stores the body after
   checking that its sha256 is the one in the path and that it is a bundle a runner unpacks
@@ -452,16 +456,43 @@ async def list_tokens(
     "/tokens",
     status_code=201,
     request_max_body_size=None,
+    # A retry answered from its Idempotency-Key's token makes nothing: a read, as a job's.
+    opt=replays_as_read(),
     operation_class=json_request_body(TokenRequest),
-    responses=error_responses(409, 413, 415),
+    responses={
+        200: ResponseSpec(
+            TokenCreated,
+            description="the token this Idempotency-Key already made, with the same request, "
+            "without its secret (token: null; shown once, only its hash is stored)",
+            generate_examples=False,
+        ),
+        **error_responses(409, 413, 415),
+    },
 )
 async def create_token(
-    request: AnyRequest, pool: Pool, caller: Me, settings: Config
-) -> TokenCreated:
-    body = parse_body(TokenRequest, await json_body(request))
-    return await identity.create_token(
-        pool, caller, body, settings.token_ttl_days, _live_tokens(settings)
-    )
+    request: AnyRequest, pool: Pool, caller: Me, settings: Config, key: IdempotencyKey = None
+) -> Response[TokenCreated]:
+    """A new token for the caller (201, its secret in ``token``, shown this once). Under an
+    ``Idempotency-Key`` the caller made a token with before, the same request answers 200
+    with that token and ``token: null`` (``identity.replay_token`` says why), a different
+    one 409 naming the header."""
+    with charged_unless_replayed(owed_write(request.scope["state"])) as owed:
+        body = parse_body(TokenRequest, await json_body(request))
+        key = parse_idempotency_key(key)
+        if key is not None:
+            replayed = await identity.replay_token(pool, caller, body, key)
+            if replayed is not None:
+                if owed is not None:
+                    owed.replayed()
+                return Response(replayed, status_code=200)
+        if owed is not None:
+            owed.spend()  # a new token from here on: a write, before anything is stored
+        made, created = await identity.create_token(
+            pool, caller, body, settings.token_ttl_days, _live_tokens(settings), key
+        )
+        if not created and owed is not None:
+            owed.replayed()
+        return Response(made, status_code=201 if created else 200)
 
 
 @post(

@@ -12,6 +12,9 @@ Contract:
 - Every change to users or tokens is recorded in the audit log (``shared.audit``) in the
   same transaction. Tokens themselves are never stored (only their SHA-256), logged or
   recorded; a new token is in the response exactly once.
+- ``POST /v1/tokens`` under an ``Idempotency-Key`` (``create_token``, ``replay_token``) makes
+  one token per key and user: a retry of the same request answers that token without its
+  secret (never stored), a different request under the key is a ``Conflict`` naming it.
 - Rotation issues a new token with the old one's label and revokes the presented one, in
   one transaction: a client that got the answer holds a working token, and the old one is
   dead.
@@ -49,6 +52,7 @@ from trainyard_platform.services.submission.identity_schemas import (
     TokenRequest,
     TokenView,
     UserView,
+    token_request_fingerprint,
 )
 from trainyard_platform.services.submission.schemas import (
     CreateUserRequest,
@@ -480,11 +484,72 @@ async def create_token(
     request: TokenRequest,
     ttl_days: int | None,
     limits: LiveTokens,
-) -> TokenCreated:
-    """A new token for the caller itself (viewers included), within ``limits``."""
-    async with pool.acquire() as conn, conn.transaction():
-        name = request.name or "default"
-        return await _issue(conn, caller, name, request, ttl_days, limits, "create token")
+    idempotency_key: str | None = None,
+) -> tuple[TokenCreated, bool]:
+    """A new token for the caller itself (viewers included), within ``limits``, and True;
+    with an ``idempotency_key`` the caller used before for this same request (a retry after
+    a lost answer, found by ``replay_token`` first or by the insert racing a twin), that
+    token's answer and False instead: no second live token. A different request under the
+    key is ``Conflict``."""
+    fingerprint = None if idempotency_key is None else token_request_fingerprint(request)
+    name = request.name or "default"
+    try:
+        async with pool.acquire() as conn, conn.transaction():
+            made = await _issue(
+                conn,
+                caller,
+                name,
+                request,
+                ttl_days,
+                limits,
+                "create token",
+                (idempotency_key, fingerprint),
+            )
+            return made, True
+    except asyncpg.UniqueViolationError as exc:
+        if idempotency_key is None or exc.constraint_name != "tokens_idempotency_key":
+            raise
+    replayed = await replay_token(pool, caller, request, idempotency_key)
+    assert replayed is not None  # the twin that took the key committed its token
+    return replayed, False
+
+
+async def replay_token(
+    pool: asyncpg.Pool, caller: Caller, request: TokenRequest, idempotency_key: str
+) -> TokenCreated | None:
+    """The answer to a ``POST /v1/tokens`` under an ``Idempotency-Key`` the caller already
+    made a token with, None when the key is unused; ``Conflict`` naming the header when the
+    request that made it was another (``token_request_fingerprint``).
+
+    The answer is the token's as it is now (its id, name, expiry, ``revoked_at`` should it
+    have been revoked since) without its secret: ``token`` is None. Only the secret's hash
+    is stored, so no retry can be given the secret, and none should be: an answer that
+    repeated it would hand a live credential to whoever replays the request, for as long as
+    the key lives (as long as the token's row). What a client that lost the first answer
+    learns is which token was made, so that it revokes it (nobody holds its secret) rather
+    than leave it live, and makes another under a new key (the CLI does both). A retry
+    makes nothing, so it is not held to the live-token bounds and records no audit entry."""
+    async with pool.acquire() as conn:
+        row = await repo.token_by_idempotency_key(conn, caller.user_id, idempotency_key)
+    if row is None:
+        return None
+    if row["request_fingerprint"] != token_request_fingerprint(request):
+        raise Conflict(
+            "this Idempotency-Key was already used for a different token request",
+            field="Idempotency-Key",
+            message=f"already used for a different request, which created token {row['id']}: "
+            "a retry sends that request unchanged; a new token needs a new key",
+        )
+    return TokenCreated(
+        id=row["id"],
+        name=row["name"],
+        user=caller.user,
+        team=caller.team,
+        created_at=row["created_at"],
+        expires_at=row["expires_at"],
+        token=None,
+        revoked_at=row["revoked_at"],
+    )
 
 
 async def rotate_token(
@@ -516,9 +581,11 @@ async def _issue(
     ttl_days: int | None,
     limits: LiveTokens | None,
     action: str,
+    keyed: tuple[str | None, str | None] = (None, None),
 ) -> TokenCreated:
     """Issue a token to the caller itself, within ``limits`` (None: one that replaces a
-    token revoked in this transaction)."""
+    token revoked in this transaction); ``keyed``: the ``Idempotency-Key`` and the request's
+    fingerprint it is made under (``repo.insert_token``)."""
     if limits is not None:
         await _room_for_one(
             conn,
@@ -532,7 +599,7 @@ async def _issue(
     token, token_hash = new_token()
     days = request.expires_in_days or ttl_days
     row = await repo.insert_token(
-        conn, token_hash, caller.user_id, name, _expiry(days), caller.user_id
+        conn, token_hash, caller.user_id, name, _expiry(days), caller.user_id, *keyed
     )
     await audit.record(
         conn,

@@ -175,18 +175,38 @@ async def insert_token(
     name: str,
     expires_at: datetime | None,
     created_by: int | None,
+    idempotency_key: str | None = None,
+    request_fingerprint: str | None = None,
 ) -> asyncpg.Record:
+    """Insert a token (its hash); with ``idempotency_key`` (and the request's
+    ``request_fingerprint``) a second token of the user under that key raises
+    ``asyncpg.UniqueViolationError`` (``tokens_idempotency_key``)."""
     row = await conn.fetchrow(
-        """INSERT INTO tokens (token_hash, user_id, name, expires_at, created_by)
-           VALUES ($1, $2, $3, $4, $5) RETURNING id, name, created_at, expires_at""",
+        """INSERT INTO tokens (token_hash, user_id, name, expires_at, created_by,
+                               idempotency_key, request_fingerprint)
+           VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id, name, created_at, expires_at""",
         token_hash,
         user_id,
         name,
         expires_at,
         created_by,
+        idempotency_key,
+        request_fingerprint,
     )
     assert row is not None
     return row
+
+
+async def token_by_idempotency_key(
+    conn: asyncpg.Connection, user_id: int, idempotency_key: str
+) -> asyncpg.Record | None:
+    """The token the user made under ``idempotency_key``, with its request's fingerprint."""
+    return await conn.fetchrow(
+        """SELECT id, name, created_at, expires_at, revoked_at, request_fingerprint
+           FROM tokens WHERE user_id = $1 AND idempotency_key = $2""",
+        user_id,
+        idempotency_key,
+    )
 
 
 _TOKEN_COLUMNS = """k.id, k.name, k.created_at, k.expires_at, k.revoked_at, u.name AS user_name,

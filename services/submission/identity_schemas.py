@@ -7,6 +7,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from trainyard_platform.services.submission.schemas import sha256_of_json
+
 TokenName = Annotated[str, Field(pattern=r"^[A-Za-z0-9._ -]{1,100}$")]
 TokenDays = Annotated[int, Field(ge=1, le=366)]
 
@@ -40,6 +42,16 @@ class TokenRequest(BaseModel):
     """Lifetime; the server's ``token_ttl_days`` when absent."""
 
 
+def token_request_fingerprint(request: TokenRequest) -> str:
+    """What identifies a ``POST /v1/tokens`` under an ``Idempotency-Key``: the sha256 of
+    the request as validated (``schemas.sha256_of_json``), its name left out or sent as
+    ``default`` alike (the token is named so either way). ``expires_in_days`` left out is
+    not the server's ``token_ttl_days`` sent: that setting may change between a request
+    and its retry."""
+    fields = {"name": request.name or "default", "expires_in_days": request.expires_in_days}
+    return sha256_of_json({"$request": "POST /v1/tokens", **fields})
+
+
 class TokenCreated(BaseModel):
     id: int
     name: str
@@ -47,8 +59,13 @@ class TokenCreated(BaseModel):
     team: str
     created_at: datetime
     expires_at: datetime | None
-    token: str
-    """Shown once; only its hash is stored."""
+    token: str | None
+    """Shown once, in the answer that made it (201); only its hash is stored. None in the
+    answer (200) to a retry under the ``Idempotency-Key`` that made it: the token exists,
+    its secret is gone (see ``identity.create_token``)."""
+    revoked_at: datetime | None = None
+    """When the token was revoked: only ever set in a retry's answer, of a token revoked
+    since it was made."""
 
 
 class TokenView(BaseModel):

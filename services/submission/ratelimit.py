@@ -1,5 +1,5 @@
 """Submission's own part of the rate limits: a retry answered from its ``Idempotency-Key``
-is charged a read.
+is charged a read (a job's submission or reproduction, a token's creation).
 
 The token buckets themselves (``RateLimiter``, a user's and its team's ``Buckets``, the
 429 of ``too_many``) are every service's, in ``shared.ratelimit``; the submission API keys
@@ -8,8 +8,9 @@ keeps one more ``RateLimiter`` by client address: of its refused authentications
 (``failed_auth``), never of its requests.
 
 Contract:
-- A submission under an ``Idempotency-Key`` (a route declared ``replays_as_read()``) may be
-  a retry answered from its key's job, which stores nothing: the API's guard spends a read
+- A request under an ``Idempotency-Key`` to a route declared ``replays_as_read()`` (a
+  submission, a reproduction, ``POST /v1/tokens``) may be a retry answered from what its
+  key made (a job, a token), which stores nothing: the API's guard spends a read
   of its buckets for it and leaves an ``OwedWrite`` in the request's state (``owed_write``).
   The route runs under ``charged_unless_replayed``: a request it answers as a replay
   (``OwedWrite.replayed``) is charged that read alone; any other outcome (a job stored, a

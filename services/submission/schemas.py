@@ -792,10 +792,12 @@ def request_fingerprint(
     as_sent = request.model_dump(mode="json", by_alias=True, exclude_unset=True)
     if reproduces is not None:
         as_sent["reproduces"] = reproduces
-    return Fingerprint(stored=_sha256_of_json(fields), as_sent=_sha256_of_json(as_sent))
+    return Fingerprint(stored=sha256_of_json(fields), as_sent=sha256_of_json(as_sent))
 
 
-def _sha256_of_json(fields: dict[str, Any]) -> str:
+def sha256_of_json(fields: dict[str, Any]) -> str:
+    """The sha256 (hex) of ``fields`` as canonical JSON (keys sorted, no spaces, ASCII):
+    what every ``Idempotency-Key``'s request fingerprint is."""
     canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
     return hashlib.sha256(canonical.encode("ascii")).hexdigest()
 

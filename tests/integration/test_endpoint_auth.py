@@ -476,11 +476,12 @@ async def test_only_routes_that_store_nothing_count_as_reads(world: World) -> No
 REPLAYS_AS_READ = {
     ("submission", "POST", "/v1/jobs"),
     ("submission", "POST", "/v1/jobs/{job_id:str}/reproduce"),
+    ("submission", "POST", "/v1/tokens"),
 }
-"""Routes whose retries under an ``Idempotency-Key``, answered from the key's job, spend a
-read until they turn out to be anything else (``ratelimit.replays_as_read``): each is
-reviewed here, since one that stored a job before spending its write would carry new jobs
-past the write limit."""
+"""Routes whose retries under an ``Idempotency-Key``, answered from what the key made (a
+job, a token), spend a read until they turn out to be anything else
+(``ratelimit.replays_as_read``): each is reviewed here, since one that stored something
+before spending its write would carry new ones past the write limit."""
 
 
 async def test_only_reviewed_routes_charge_their_replays_as_reads(world: World) -> None:
