@@ -487,10 +487,12 @@ class Session:
         ctx = self.context()
         if ctx is not None and ctx.url:
             name = self._context_name()
+            said = f"that is the URL of context {name!r}: is the API up there?"
+            if not on_this_machine(ctx.url):
+                return said
             return (
-                f"that is the URL of context {name!r}: is the API up there? (dev.py up takes "
-                "new ports at each start: log in again with the URL it prints, trainyard "
-                f"login URL --name {name})"
+                f"{said} (dev.py up takes new ports at each start: log in again with the URL "
+                f"it prints, trainyard login URL --name {name})"
             )
         # Not a server down: none was configured, and the local stack's URL was tried.
         return (
@@ -564,10 +566,14 @@ class Session:
                 url = checked_url(stored, f"--{name}-url of context {context!r}")
                 hint = (
                     f"that is the {name} URL of context {context!r} (login --{name}-url): "
-                    f"is the {name} API up there? (dev.py up takes new ports at each start: "
-                    f"log in again with the URLs it prints, trainyard login URL --name "
-                    f"{context} --{name}-url {name.upper()}_URL)"
+                    f"is the {name} API up there?"
                 )
+                if on_this_machine(url):
+                    hint += (
+                        " (dev.py up takes new ports at each start: log in again with the "
+                        f"URLs it prints, trainyard login URL --name {context} --{name}-url "
+                        f"{name.upper()}_URL)"
+                    )
             self.clients[name] = self.make(url, self.token)
             self.origins.setdefault(url, hint)
         return self.clients[name]
@@ -583,6 +589,20 @@ class Session:
     def emit_tagged(self, answer: Any, text: Callable[[], str]) -> None:
         """``answer`` and its ``ETag`` as a ``show`` prints them (``emit_tagged``)."""
         emit_tagged(self.as_json, answer, text)
+
+
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+"""Hosts of a stack on this machine, where ``dev.py up`` starts one (on new ports each
+time, so a context's stored URL goes stale)."""
+
+
+def on_this_machine(url: str) -> bool:
+    """Whether ``url`` names this machine (a loopback host), where the hint about
+    ``dev.py up``'s new ports applies; a remote stack's URL is not moved by it."""
+    try:
+        return (urlsplit(url).hostname or "") in LOOPBACK_HOSTS
+    except ValueError:
+        return False
 
 
 def own_urls(ctx: Context) -> list[str]:

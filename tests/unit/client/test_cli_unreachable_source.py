@@ -131,3 +131,23 @@ def test_a_submission_api_asked_for_another_service_s_command_is_named(
     lines = capsys.readouterr().err.splitlines()
     assert lines[0].startswith("trainyard: error: submission: cannot reach http://127.0.0.1:2/")
     assert lines[1] == "trainyard: error: that is the URL from TRAINYARD_URL: is the API up there?"
+
+
+@pytest.mark.parametrize("command", [["ls"], ["model", "ls"]])
+def test_a_remote_context_s_url_is_not_told_about_dev_py(
+    command: list[str], state: dict[str, object], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``dev.py up`` moves the ports of a stack on this machine only: a context of a remote
+    stack that does not answer was told to log in again with the URL dev.py prints."""
+    config = state["config"]
+    assert isinstance(config, Path)
+    config.write_text(
+        '{"current": "prod", "contexts": {"prod": {"url": "https://ty.example.com", '
+        '"token": "ty_a", "registry_url": "https://registry.example.com"}}}\n'
+    )
+    config.chmod(0o600)
+    assert cli.main(command) == 5
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[1].startswith("trainyard: error: that is the ") and "context 'prod'" in lines[1]
+    assert lines[1].endswith("API up there?"), lines[1]
+    assert "dev.py" not in "\n".join(lines)
