@@ -87,6 +87,7 @@ from trainyard.cli_base import (
     checked_url,
     dumps,
     exit_code_of,
+    labelled,
     not_configured,
     note,
     pick_context,
@@ -450,7 +451,8 @@ def _main(args: argparse.Namespace) -> int:
     except BundleError as exc:
         return _fail(str(exc), Exit.ERROR)
     except TrainyardError as exc:
-        return _fail(str(exc) + _hint(session, exc.status, str(exc)), exit_code_of(exc))
+        said = labelled(exc)
+        return _fail(said + _hint(session, exc.status, said), exit_code_of(exc))
     except TimeoutError as exc:
         return _fail(str(exc), Exit.TIMEOUT)
     except KeyboardInterrupt:

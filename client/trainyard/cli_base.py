@@ -214,6 +214,14 @@ def asked(
         raise refused(refusal_text(service, optioned(exc, options), reread), exc) from None
 
 
+def labelled(exc: TrainyardError) -> str:
+    """``exc`` as a command that did not catch it says it: after the name of the API that
+    refused, when that is not the submission API's (``registry: 409 ...``), as ``asked``
+    says the refusals it catches; so a command that lets another service's refusal pass
+    says where it came from all the same."""
+    return f"{exc.service}: {exc}" if exc.service else str(exc)
+
+
 def optioned(exc: TrainyardError, options: Mapping[str, str] | None) -> TrainyardError:
     """``exc`` with each field error of a field that an option of the command sets
     (``options``: field -> option) named by that option, as the user typed it: ``--gpus
@@ -575,6 +583,7 @@ class Session:
                         f"{name.upper()}_URL)"
                     )
             self.clients[name] = self.make(url, self.token)
+            self.clients[name].service = name  # its errors name it (``labelled``)
             self.origins.setdefault(url, hint)
         return self.clients[name]
 

@@ -44,13 +44,15 @@ from trainyard.tracing import inject
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
 SETTLE_SECONDS = 10.0
 """After a job ends, how long ``wait`` waits for its model and final cost to arrive."""
-UPLOAD_TIMEOUT = httpx.Timeout(600.0, connect=10.0)
 REQUEST_TIMEOUT_S = 30.0
 """How long a request may wait for each step of its answer. Longer than the services take to
 give up on a database that does not answer (a statement's 10 s and a connection's 5 s by
 default, ``TRAINYARD_DATABASE_*_TIMEOUT_SECONDS``), so the user reads their 503 naming the
-database rather than a timeout of this client's own."""
-"""A bundle upload may take minutes on a slow link."""
+database rather than a timeout of this client's own. Two transfers have longer ones:
+``UPLOAD_TIMEOUT`` and ``DOWNLOAD_TIMEOUT`` (docs/cli.md, "Exit codes")."""
+UPLOAD_TIMEOUT = httpx.Timeout(600.0, connect=10.0)
+"""A code bundle's upload (``upload_bundle``, as ``submit`` packs one) may take minutes on
+a slow link: 600 s for each step of it, 10 s to connect."""
 BUDGET_WARNING_HEADER = "Trainyard-Budget-Warning"
 """What ``POST /v1/jobs`` says of a job a spent budget let in (docs/billing.md, "Budgets")."""
 LIST_PAGE_MAX = 500
@@ -99,6 +101,9 @@ class TrainyardError(Exception):
         self.retry_after = retry_after
         """Seconds the server asked the caller to wait before trying again (its
         ``Retry-After``, on a 429 or 503), None when it said nothing usable."""
+        self.service: str | None = None
+        """The name of the API that refused (``TrainyardClient.service``), which the CLI
+        says before the error (``registry: 409 ...``); None for the submission API's own."""
         super().__init__(str(self))
 
     def __str__(self) -> str:
@@ -186,6 +191,10 @@ class TrainyardClient:
             timeout=timeout,
             transport=transport,
         )
+        self.service: str | None = None
+        """The name of the API at ``base_url`` when it is not the submission API's
+        (``registry``, ``billing``, ``scheduler``): every refusal and unanswered request of
+        this client carries it (``TrainyardError.service``)."""
 
     def __enter__(self) -> TrainyardClient:
         return self
@@ -572,10 +581,15 @@ class TrainyardClient:
         try:
             response = self._http.request(method, path, headers=inject(headers), **kwargs)
         except httpx.HTTPError as exc:
-            raise self._no_answer(method, path, exc) from exc
+            raise self._labelled(self._no_answer(method, path, exc)) from exc
         if response.is_success:
             return response
-        raise refusal(response)
+        raise self._labelled(refusal(response))
+
+    def _labelled(self, error: TrainyardError) -> TrainyardError:
+        """``error`` with this client's ``service`` name."""
+        error.service = self.service
+        return error
 
     def _no_answer(self, method: str, path: str, exc: httpx.HTTPError) -> TrainyardError:
         """The error (status 0) of a request that got no answer: ``cannot reach URL: ...``
@@ -867,7 +881,8 @@ def _request_of(response: httpx.Response) -> str:
 
 
 DOWNLOAD_TIMEOUT = httpx.Timeout(600.0, connect=10.0)
-"""A model's bytes may take minutes on a slow link."""
+"""A model's bytes (``model download``) may take minutes on a slow link: 600 s for each
+step of it, 10 s to connect."""
 DOWNLOAD_CHUNK = 1 << 20
 
 

@@ -54,7 +54,8 @@ def test_model_register_says_the_registry_s_reason_once(
 
     state["route"] = route
     assert cli.main(["model", "register", "ml/m", "--job", JOB]) == Exit.ERROR
-    assert capsys.readouterr().err == f"trainyard: error: 409 {GONE}\n"
+    # Named by the API that refused, as every other command's refusal of another service.
+    assert capsys.readouterr().err == f"trainyard: error: registry: 409 {GONE}\n"
 
 
 def test_admin_cohorts_rm_says_the_scheduler_s_reason_once_with_what_it_adds(
@@ -102,3 +103,24 @@ def test_a_field_error_without_a_message_is_kept() -> None:
     assert str(TrainyardError(409, "is it taken?", [{"field": "name"}])) == (
         "409 is it taken? (name: ?)"
     )
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["model", "ls"], ["model", "show", "ml/m"], ["model", "register", "ml/m", "--job", JOB]],
+)
+def test_a_refusal_no_command_caught_names_the_api_that_refused(
+    argv: list[str], state: dict[str, object], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each command named another service's refusal itself (``asked``); those that let one
+    pass (the model commands) said it bare, as if the submission API had refused. Now the
+    client of each service labels its refusals, and what no command caught says so too."""
+
+    def route(request: httpx.Request) -> httpx.Response:
+        if request.url.host == "api.test":
+            return httpx.Response(200, json=[{"id": JOB, "name": "j"}])
+        return httpx.Response(403, json={"detail": "not yours", "errors": []})
+
+    state["route"] = route
+    assert cli.main(argv) != Exit.OK
+    assert capsys.readouterr().err == "trainyard: error: registry: 403 not yours\n"
