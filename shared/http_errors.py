@@ -128,7 +128,10 @@ class Refused(Exception):
     the field it is about (a body field, a path parameter, a header such as
     ``Idempotency-Key`` or ``Authorization``) and why, with ``headers``. The field is a
     required argument: no such refusal answers an empty ``errors``. A service's own
-    subclass may be mapped to another status (``exception_handlers``' ``statuses``)."""
+    subclass may be mapped to another status (``exception_handlers``' ``statuses``).
+    A ``message`` other than the detail is said within it, word for word (``f"{reason}:
+    what to do"``, ``message=reason``): the CLI prints a field error whose message the
+    detail holds once (``trainyard.client.TrainyardError``), and one reworded twice."""
 
     status: ClassVar[int] = 409
 

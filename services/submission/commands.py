@@ -408,11 +408,12 @@ async def replay_despite_flavor(
 def _used_for_another(job_id: str) -> Conflict:
     """The refusal of a request under a key this user used for another request, which
     made ``job_id``: the header named, with the job, so the client sees what it met."""
-    return Conflict(
-        "this Idempotency-Key was already used for a different job spec",
+    reason = f"already used for a different request, which submitted job {job_id}"
+    return Conflict(  # the detail holds the field's message: a client says it once
+        f"this Idempotency-Key was {reason}: a retry sends that request unchanged; a new "
+        "job needs a new key",
         field="Idempotency-Key",
-        message=f"already used for a different request, which submitted job {job_id}: "
-        "a retry sends that request unchanged; a new job needs a new key",
+        message=reason,
     )
 
 

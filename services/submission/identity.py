@@ -534,11 +534,12 @@ async def replay_token(
     if row is None:
         return None
     if row["request_fingerprint"] != token_request_fingerprint(request):
-        raise Conflict(
-            "this Idempotency-Key was already used for a different token request",
+        reason = f"already used for a different request, which created token {row['id']}"
+        raise Conflict(  # the detail holds the field's message: a client says it once
+            f"this Idempotency-Key was {reason}: a retry sends that request unchanged; a new "
+            "token needs a new key",
             field="Idempotency-Key",
-            message=f"already used for a different request, which created token {row['id']}: "
-            "a retry sends that request unchanged; a new token needs a new key",
+            message=reason,
         )
     return TokenCreated(
         id=row["id"],

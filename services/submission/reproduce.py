@@ -197,11 +197,11 @@ async def _reproduce(
         raise NotFound(f"job {job_id} not found")
     status = JobStatus(row["status"])
     if not status.is_terminal:
-        raise Conflict(
-            f"job {job_id} has not ended ({status}): a reproduction is compared with how it "
-            "ended; reproduce it once it has",
+        reason = f"job {job_id} has not ended ({status})"
+        raise Conflict(  # the detail holds the field's message: a client says it once
+            f"{reason}: a reproduction is compared with how it ended; reproduce it once it has",
             field="job_id",
-            message=f"the job has not ended ({status})",
+            message=reason,
         )
     original = JobSpec.model_validate(row["spec"])
     screening = await governance.screening(pool, settings.flavors, caller.team)

@@ -27,6 +27,16 @@ async def test_a_job_that_has_not_ended_cannot_be_reproduced(submission: Submiss
     answer = await submission.client.post(f"/v1/jobs/{job}/reproduce", headers=submission.auth())
     assert answer.status_code == 409, answer.text
     assert "has not ended" in answer.json()["detail"]
+    said_once(answer.json())
+
+
+def said_once(refusal: dict[str, object]) -> None:
+    """The field's message is said within the detail, word for word: the CLI prints such a
+    reason once (``TrainyardError.__str__``). Before, ``rerun --reproduce`` said the job had
+    not ended twice, in two wordings."""
+    errors = refusal["errors"]
+    assert isinstance(errors, list) and len(errors) == 1, refusal
+    assert errors[0]["message"] in str(refusal["detail"]), refusal
 
 
 async def test_the_reproduction_is_the_same_job_linked_to_the_original(
@@ -110,6 +120,7 @@ async def test_a_retried_reproduction_is_the_job_its_key_made_whatever_admission
     other = await submission.client.post(url, json={"seed": 9}, headers=headers)
     assert other.status_code == 409, other.text
     assert "Idempotency-Key" in other.json()["detail"]
+    said_once(other.json())
     await submission.pool.execute(  # its flavor retired since: still the job its key made
         """INSERT INTO flavor_replica (name, description, revision, retired, changed_at)
            VALUES ('cpu', '', 1, true, now())"""

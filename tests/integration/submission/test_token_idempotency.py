@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from tests.integration.submission.conftest import Submission, running_submission
+from tests.integration.submission.test_reproduce import said_once
 from trainyard_platform.services.submission.config import Settings
 from trainyard_platform.shared.bus import Bus
 
@@ -99,6 +100,7 @@ async def test_a_different_request_under_a_used_key_is_409_naming_it(
         errors = other.json()["errors"]
         assert [e["field"] for e in errors] == ["Idempotency-Key"], errors
         assert f"created token {first.json()['id']}" in errors[0]["message"], errors
+        said_once(other.json())
     assert len(await _tokens(submission)) == count  # nothing made
 
 
