@@ -18,6 +18,10 @@ Contract:
   caller gets a full bucket again: lenient, never stricter than the limit).
 - Pure logic: the clock is injected (``time.monotonic`` by default), nothing awaits, so
   one event loop may share a limiter without locks.
+- The guards that take from these buckets do so once the token is checked and before the
+  caller's role: a request refused 403 is charged as an allowed one (it cost the same
+  lookup; docs/security.md, "Rate limits", says why), of its own kind only (a forbidden
+  read spends reads, never writes).
 - ``Buckets`` pairs a user's bucket with its team's (one kind of request: reads or
   writes); ``UserRateLimits`` holds a service's reads and writes, built from its settings
   (``ServiceSettings``: ``read_rate_per_s``, ``read_burst``, ``write_rate_per_s``,

@@ -318,3 +318,21 @@ async def test_a_reproductions_retry_spends_a_read_not_a_write(limited: Submissi
     refused = await limited.client.post(url, headers={**limited.auth(), "Idempotency-Key": "r2"})
     assert refused.status_code == 429, refused.text
     assert "write requests per second per user" in refused.json()["detail"], refused.text
+
+
+async def test_a_request_refused_for_its_role_is_charged_as_any_other(
+    limited: Submission,
+) -> None:
+    """A 403 (a role below the route's) costs what an allowed request costs (the token's
+    lookup, here and at every service's check), so it spends its kind of request like any
+    other: a caller probing routes it may not use is limited. It spends only its kind: a
+    view polling a forbidden read takes none of the writes (docs/security.md, "Rate
+    limits", says why it is so)."""
+    token = await identity.bootstrap_user(limited.pool, "ml", "carol", Role.MEMBER)
+    for _ in range(3):  # the read burst
+        forbidden = await limited.client.get("/v1/admin/users", headers=limited.auth(token))
+        assert forbidden.status_code == 403, forbidden.text
+    refused = await limited.client.get("/v1/jobs", headers=limited.auth(token))
+    assert refused.status_code == 429, refused.text
+    made = await limited.client.post("/v1/tokens", json={}, headers=limited.auth(token))
+    assert made.status_code == 201, made.text
