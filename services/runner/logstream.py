@@ -14,7 +14,8 @@ kept as JSON's ``NaN``/``Infinity``) under ``metrics/<job>/<stream>/chunk-<seq:0
 The job's output never goes into the runner's own log: a job must not be able to forge the
 platform's log lines. The output of a job of one process is kept byte for byte; that of a
 job of several processes (under torchrun) line by line, each line prefixed with the rank
-that wrote it (``rank_line``).
+that wrote it (``rank_lines``). Either way it is read and written in blocks of whole lines
+(``process.line_blocks``), never a line at a time: the runner's cost is bounded by bytes.
 
 Both local files are written through ``CappedFile``: a job that writes without end (``yes``
 in a loop) would otherwise fill the node's disk and the store; past the runner's
@@ -77,14 +78,26 @@ class CappedFile:
         self._file.close()
 
 
-def rank_line(piece: bytes, rank: int | None) -> bytes:
-    """A piece of output of a job of several processes (a whole line, or a piece of a long
-    one: ``process.read_pieces``) as its log holds it: prefixed with ``[rank N] `` for the
-    process of global rank ``N`` (nothing for ``rank`` None: torchrun's own lines), and
-    ending with a newline, so that whatever any process writes next starts a line of its
-    own."""
-    line = piece if piece.endswith(b"\n") else piece + b"\n"
-    return line if rank is None else b"[rank %d] " % rank + line
+def rank_lines(block: bytes, rank: int | None) -> bytes:
+    """A block of output of a job of several processes (whole lines, or a piece of a long
+    one: ``process.line_blocks``) as its log holds it: each line prefixed with ``[rank N] ``
+    for the process of global rank ``N`` (nothing for ``rank`` None: torchrun's own lines),
+    and the block ending with a newline, so that whatever any process writes next starts a
+    line of its own. One pass over the block, whatever its number of lines."""
+    if not block.endswith(b"\n"):
+        block += b"\n"
+    if rank is None:
+        return block
+    prefix = b"[rank %d] " % rank
+    return prefix + block[:-1].replace(b"\n", b"\n" + prefix) + b"\n"
+
+
+def last_lines(block: bytes, count: int) -> list[bytes]:
+    """The last ``count`` lines of ``block`` (without their newlines; a block ending with a
+    newline has no empty line after it), split off from the end only."""
+    if block.endswith(b"\n"):
+        block = block[:-1]
+    return block.rsplit(b"\n", count)[-count:]
 
 
 def stream_prefix(job_id: str, attempt: int, node_id: str, kind: str = "logs") -> str:

@@ -1,5 +1,6 @@
-"""One job process: started as its own user, its output read line by line, stopped by
-signals; and the named pipes a job of several processes writes each rank's output to.
+"""One job process: started as its own user, its output read in blocks of whole lines,
+stopped by signals; and the named pipes a job of several processes writes each rank's
+output to.
 
 Contract:
 - The child runs ``argv`` in ``cwd`` with exactly ``env``, in the attempt's cgroup when it
@@ -23,13 +24,19 @@ Contract:
   (``RankPipes``, ``launch.rank_argv``): on the one shared pipe, one rank's partial line
   (``print`` unbuffered writes its pieces one by one) would be spliced into another's, and
   no line could be told apart by rank. torchrun's own output stays on the shared pipe.
+- The runner's cost of a job's output is bounded by its bytes, not by its lines: each pipe
+  is read in chunks (``OutputPipe``) and cut into blocks of whole lines (``line_blocks``),
+  each block handled at once, and a pipe is read at most about a hundred times a second
+  (``OUTPUT_PAUSE_S``): a job writing a line at a time has its lines gathered in the pipe
+  meanwhile, and one writing faster than the runner reads fills its pipe and its writes
+  block until the runner has read it. The runner's event loop also sends the node's
+  heartbeats and supervises the other jobs on it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import os
 import signal
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -44,20 +51,20 @@ JOB_UMASK = 0o077
 and it writes where every user may read (``/dev/shm``, ``/tmp``)."""
 OUTPUT_LINE_LIMIT = 64 * 1024
 """Longer output lines are split into pieces of this size."""
+OUTPUT_CHUNK = OUTPUT_LINE_LIMIT
+"""Most bytes of a job's output read at once (a Linux pipe's default capacity)."""
+OUTPUT_PAUSE_S = 0.01
+"""How long a pipe is left to fill after each read: the runner ships at most
+``OUTPUT_CHUNK`` bytes per pause per pipe (about 6 MiB/s: 2 GiB, ``max_output_bytes``'s
+default, in under six minutes), and a job writing faster waits on its pipe."""
 
 
 class JobProcess:
     """A started job process (use ``await JobProcess.start(...)``)."""
 
-    def __init__(
-        self,
-        proc: asyncio.subprocess.Process,
-        output: asyncio.StreamReader,
-        transport: asyncio.ReadTransport,
-    ) -> None:
+    def __init__(self, proc: asyncio.subprocess.Process, output: OutputPipe) -> None:
         self._proc = proc
         self._output = output
-        self._output_transport = transport
 
     @classmethod
     async def start(
@@ -102,20 +109,15 @@ class JobProcess:
             raise
         finally:
             os.close(write_fd)
-        loop = asyncio.get_running_loop()
-        output = asyncio.StreamReader(limit=OUTPUT_LINE_LIMIT, loop=loop)
         try:
-            transport, _ = await loop.connect_read_pipe(
-                lambda: asyncio.StreamReaderProtocol(output, loop=loop),
-                os.fdopen(read_fd, "rb", buffering=0),
-            )
+            output = OutputPipe(read_fd)
         except BaseException:
             os.close(read_fd)
             # The whole group: what it started meanwhile would run on unwatched.
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
             raise
-        return cls(proc, output, transport)
+        return cls(proc, output)
 
     @property
     def pid(self) -> int:
@@ -125,16 +127,13 @@ class JobProcess:
     def returncode(self) -> int | None:
         return self._proc.returncode
 
-    def output_lines(self) -> AsyncIterator[bytes]:
-        """Raw stdout/stderr lines until every process holding them has closed them."""
-        return read_lines(self._output)
-
-    def output_pieces(self) -> AsyncIterator[bytes]:
-        """The same output, each piece a whole line (``read_pieces``)."""
-        return read_pieces(self._output)
+    def output(self) -> AsyncIterator[bytes]:
+        """Its stdout and stderr in blocks of whole lines (``line_blocks``) until every
+        process holding them has closed them."""
+        return line_blocks(self._output.chunks())
 
     def close(self) -> None:
-        self._output_transport.close()
+        self._output.close()
 
     async def wait(self) -> int:
         return await self._proc.wait()
@@ -166,30 +165,77 @@ async def read_lines(reader: asyncio.StreamReader) -> AsyncIterator[bytes]:
             yield await reader.readexactly(max(exc.consumed, 1))
 
 
-async def read_pieces(
-    reader: asyncio.StreamReader, limit: int = OUTPUT_LINE_LIMIT
+class OutputPipe:
+    """The runner's read end of a pipe a job writes its output to, read in chunks (``chunks``)
+    at a pace that keeps the runner's cost bounded by bytes, not by how the job writes."""
+
+    def __init__(self, fd: int) -> None:
+        os.set_blocking(fd, False)
+        self._fd = fd
+        self._loop = asyncio.get_running_loop()
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """What the job writes, until every process holding the pipe has closed it (or
+        ``close``), in chunks of at most ``OUTPUT_CHUNK`` bytes, one at most every
+        ``OUTPUT_PAUSE_S``: a job writing small pieces (a line at a time) has them gathered
+        in the pipe meanwhile, and one writing faster than that fills the pipe and blocks on
+        its writes until it is read. The runner reads a pipe at most about a hundred times
+        a second, whatever the job writes."""
+        while self._fd >= 0:
+            try:
+                chunk = os.read(self._fd, OUTPUT_CHUNK)
+            except BlockingIOError:
+                await self._readable()
+                continue
+            if not chunk:
+                return
+            yield chunk
+            await asyncio.sleep(OUTPUT_PAUSE_S)
+
+    async def _readable(self) -> None:
+        ready: asyncio.Future[None] = self._loop.create_future()
+
+        def wake() -> None:
+            if not ready.done():
+                ready.set_result(None)
+
+        self._loop.add_reader(self._fd, wake)
+        try:
+            await ready
+        finally:
+            if self._fd >= 0:
+                self._loop.remove_reader(self._fd)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            self._loop.remove_reader(self._fd)
+            os.close(self._fd)
+            self._fd = -1
+
+
+async def line_blocks(
+    chunks: AsyncIterator[bytes], limit: int = OUTPUT_LINE_LIMIT
 ) -> AsyncIterator[bytes]:
-    """Lines until EOF, each whole with its newline, none empty: a line of more than
-    ``limit`` bytes comes out in pieces of ``limit`` bytes (its last piece with the
-    newline), a last line without a newline as it is. Never more than ``limit`` bytes
-    (and a newline) are held back waiting for the end of a line."""
-    pending = bytearray()
-    while chunk := await reader.read(limit):
-        pending += chunk
-        start = 0
-        while True:
-            end = pending.find(b"\n", start, start + limit + 1)
-            if end >= 0:
-                yield bytes(pending[start : end + 1])
-                start = end + 1
-            elif len(pending) - start > limit:
-                yield bytes(pending[start : start + limit])
-                start += limit
-            else:
-                break
-        del pending[:start]
+    """The bytes of ``chunks``, all of them in order, cut into blocks of whole lines: each
+    block one or more lines with their newlines, none of them over ``limit`` bytes (and its
+    newline), or a piece of exactly ``limit`` bytes of a longer line, or the last bytes
+    without a newline at the end. Never more than ``limit`` bytes (and a newline) are held
+    back waiting for the end of a line; the work is per chunk, not per line."""
+    pending = b""
+    async for chunk in chunks:
+        for at in range(0, len(chunk), limit):
+            # Invariant: ``pending`` holds no newline and at most ``limit`` bytes, so every
+            # line after the first newline lies within this slice, at most ``limit`` bytes.
+            pending += chunk[at : at + limit]
+            while len(pending) > limit and pending.find(b"\n", 0, limit + 1) < 0:
+                yield pending[:limit]
+                pending = pending[limit:]
+            end = pending.rfind(b"\n") + 1
+            if end:
+                yield pending[:end]
+                pending = pending[end:]
     if pending:
-        yield bytes(pending)
+        yield pending
 
 
 class RankPipes:
@@ -199,8 +245,7 @@ class RankPipes:
     once read."""
 
     def __init__(self) -> None:
-        self._readers: list[asyncio.StreamReader] = []
-        self._transports: list[asyncio.BaseTransport] = []
+        self._pipes: list[OutputPipe] = []
         self._write_fds: list[int] = []
 
     @classmethod
@@ -212,7 +257,6 @@ class RankPipes:
         without a writer reads as ended, and a rank opens its own only once torchrun has
         started it. Raises ``OSError`` when they cannot be made (nothing is left open)."""
         pipes = cls()
-        loop = asyncio.get_running_loop()
         try:
             os.mkdir(folder, 0o700)
             os.chmod(folder, 0o711 if user.isolated else 0o700)  # whatever the runner's umask
@@ -223,28 +267,17 @@ class RankPipes:
                 if user.uid is not None and user.gid is not None:
                     os.chown(path, user.uid, user.gid)
                 # Not inherited by the job (PEP 446): it holds only the end it opens itself.
-                read_end = os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb", buffering=0)
-                try:
-                    pipes._write_fds.append(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
-                    reader = asyncio.StreamReader(limit=OUTPUT_LINE_LIMIT, loop=loop)
-                    transport, _ = await loop.connect_read_pipe(
-                        functools.partial(asyncio.StreamReaderProtocol, reader, loop=loop),
-                        read_end,
-                    )
-                except BaseException:
-                    read_end.close()
-                    raise
-                pipes._readers.append(reader)
-                pipes._transports.append(transport)
+                pipes._pipes.append(OutputPipe(os.open(path, os.O_RDONLY | os.O_NONBLOCK)))
+                pipes._write_fds.append(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
         except BaseException:
             pipes.close()
             raise
         return pipes
 
     def lines(self, local_rank: int) -> AsyncIterator[bytes]:
-        """The rank's output in whole lines (``read_pieces``) until every process holding
-        its pipe has closed it, after ``release``."""
-        return read_pieces(self._readers[local_rank])
+        """The rank's output in blocks of whole lines (``line_blocks``) until every process
+        holding its pipe has closed it, after ``release``."""
+        return line_blocks(self._pipes[local_rank].chunks())
 
     def release(self) -> None:
         """Close the runner's own write ends: each pipe ends once the job's processes that
@@ -255,6 +288,6 @@ class RankPipes:
 
     def close(self) -> None:
         self.release()
-        for transport in self._transports:
-            transport.close()
-        self._transports.clear()
+        for pipe in self._pipes:
+            pipe.close()
+        self._pipes.clear()

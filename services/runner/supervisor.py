@@ -9,8 +9,10 @@ pruned (``checkpoints.prune_earlier_attempts``; the end waits for it). Its outpu
 ``<work_dir>/jobs/<job>/<allocation>.log``, is shipped to the object store in chunks about
 every second (``logstream.LogShipper``) and feeds a tail kept for ``job.failed``; it never
 goes into the runner's own log. A job of several processes (under torchrun) has each rank's
-output read from a pipe of its own (``process.RankPipes``) line by line, each line whole,
-ending with a newline and prefixed with its rank (``logstream.rank_line``). A stop request
+output read from a pipe of its own (``process.RankPipes``), each line whole, ending with a
+newline and prefixed with its rank (``logstream.rank_lines``). Output is handled in blocks
+of whole lines (``process.line_blocks``), never a line at a time: what a job's output costs
+the runner is bounded by its bytes, even past ``max_output_bytes``. A stop request
 (revocation, runner shutdown, max runtime) sends SIGTERM and, after its grace, SIGKILL to
 the job's process group; the earliest deadline wins, the first reason is kept. So does a
 job over its disk limit: its sandbox is measured every few seconds (``disk_watch``), and it
@@ -60,7 +62,8 @@ from trainyard_platform.services.runner.ledger import Ledger
 from trainyard_platform.services.runner.logstream import (
     CappedFile,
     LogShipper,
-    rank_line,
+    last_lines,
+    rank_lines,
     remove_shipped,
     stream_prefix,
 )
@@ -215,6 +218,7 @@ class JobRun:
         self._kill_timer: asyncio.TimerHandle | None = None
         self._kill_at: float | None = None
         self._tail = LogTail(log_tail_lines)
+        self._tail_lines = log_tail_lines
         self._last_metrics: dict[str, float] = {}
         self._last_checkpoint: CheckpointRef | None = resumed_from
         self._saved: list[CheckpointRef] = []
@@ -415,9 +419,10 @@ class JobRun:
         assert process is not None, "start() first"
         loop = asyncio.get_running_loop()
         # Several processes: each line of the launcher's a line of its own too.
-        output = process.output_pieces() if self._ranks else process.output_lines()
         readers = [
-            asyncio.create_task(self._read_output(output), name=f"output {self.job.job_id}"),
+            asyncio.create_task(
+                self._read_output(process.output()), name=f"output {self.job.job_id}"
+            ),
         ]
         pipes = self._rank_pipes
         if pipes is not None:
@@ -642,17 +647,25 @@ class JobRun:
 
     # --- the job's output ---------------------------------------------------------------
 
-    async def _read_output(self, lines: AsyncIterator[bytes], rank: int | None = None) -> None:
-        """Copy ``lines`` to the job's log and tail: as they are for a job of one process;
-        else each as a line of its own, prefixed with ``rank`` (the launcher's own lines,
-        ``rank`` None, without one)."""
-        async for raw in lines:
+    async def _read_output(self, blocks: AsyncIterator[bytes], rank: int | None = None) -> None:
+        """Copy ``blocks`` (of whole lines, ``process.line_blocks``) to the job's log and
+        tail: as they are for a job of one process; else each line a line of its own,
+        prefixed with ``rank`` (the launcher's own lines, ``rank`` None, without one). Each
+        block is handled at once, whatever its number of lines; past ``max_output_bytes``
+        its bytes are only counted as they came (``CappedFile.dropped``), without prefix."""
+        count = self._tail_lines
+        async for block in blocks:
+            log_file = self._log_file
+            if log_file is not None:
+                # Flushed per block so `tail -f` follows along. Past the cap the block is
+                # only counted: no prefix is paid for bytes kept nowhere.
+                kept = self._ranks and not log_file.full
+                log_file.write(rank_lines(block, rank) if kept else block)
+            last = b"\n".join(last_lines(block, count))
             if self._ranks:
-                raw = rank_line(raw, rank)
-            if self._log_file is not None:
-                # Small appends to a local file; flushed per line so `tail -f` follows along.
-                self._log_file.write(raw)
-            self._tail.add(raw.decode("utf-8", errors="replace").rstrip("\r\n"))
+                last = rank_lines(last, rank)
+            for line in last_lines(last, count):
+                self._tail.add(line.decode("utf-8", errors="replace").rstrip("\r\n"))
 
     # --- the control socket -------------------------------------------------------------
 

@@ -19,12 +19,12 @@ from pathlib import Path
 import pytest
 
 from trainyard_platform.services.runner import launch
-from trainyard_platform.services.runner.logstream import rank_line
+from trainyard_platform.services.runner.logstream import rank_lines
 from trainyard_platform.services.runner.process import (
     OUTPUT_LINE_LIMIT,
     JobProcess,
     RankPipes,
-    read_pieces,
+    line_blocks,
 )
 from trainyard_platform.services.runner.sandbox import JobUser
 from trainyard_platform.shared.events.payloads import AllocationGranted, GangMember, JobSpec
@@ -98,7 +98,7 @@ def gang_grant(command: list[str]) -> AllocationGranted:
 
 async def run_job(tmp_path: Path, grant: AllocationGranted) -> list[bytes]:
     """Run ``grant``'s job under the stand-in torchrun as the runner does: its argv, its
-    rank pipes, each piece of output as its log gets it (``rank_line``), in order read."""
+    rank pipes, each block of output as its log gets it (``rank_lines``), in order read."""
     fake = tmp_path / "fake"
     (fake / "torch" / "distributed").mkdir(parents=True)
     (fake / "torch" / "__init__.py").write_text("")
@@ -110,8 +110,8 @@ async def run_job(tmp_path: Path, grant: AllocationGranted) -> list[bytes]:
     records: list[bytes] = []
 
     async def copy(lines: AsyncIterator[bytes], rank: int | None) -> None:
-        async for piece in lines:
-            records.append(rank_line(piece, rank))
+        async for block in lines:
+            records.append(rank_lines(block, rank))
 
     pipes = await RankPipes.open(folder, len(ranks), JobUser(None, None))
     try:
@@ -119,7 +119,7 @@ async def run_job(tmp_path: Path, grant: AllocationGranted) -> list[bytes]:
             argv, cwd=tmp_path, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(fake)}
         )
         readers = asyncio.gather(
-            copy(job.output_pieces(), None),
+            copy(job.output(), None),
             *(copy(pipes.lines(local), rank) for local, rank in enumerate(ranks)),
         )
         # A bound for a hang only: the workers take turns, nothing here is timed.
@@ -142,8 +142,9 @@ async def test_ranks_whose_partial_writes_interleave_log_whole_lines_each_with_i
     (turns / "0").touch()
     records = await run_job(tmp_path, gang_grant([sys.executable, "-c", WORKER, str(turns)]))
 
-    assert all(r.endswith(b"\n") and r.count(b"\n") == 1 for r in records), records
-    of = {rank: [r for r in records if r.startswith(b"[rank %d] " % rank)] for rank in (2, 3)}
+    assert all(r.endswith(b"\n") for r in records), records  # each block whole lines
+    lines = [line + b"\n" for r in records for line in r[:-1].split(b"\n")]
+    of = {rank: [r for r in lines if r.startswith(b"[rank %d] " % rank)] for rank in (2, 3)}
     assert of[2] == [b"[rank 2] rank=2 says hello\n", b"[rank 2] to stderr\n"]
     assert of[3] == [
         b"[rank 3] rank=3 says hello\n",
@@ -151,17 +152,21 @@ async def test_ranks_whose_partial_writes_interleave_log_whole_lines_each_with_i
         b"[rank 3] " + b"x" * 10 + b"\n",
     ]
     # The launcher's own lines (torchrun's) stay as they are.
-    assert [r for r in records if not r.startswith(b"[rank ")] == [
-        b"launcher: starting 2 workers\n"
-    ]
+    assert [r for r in lines if not r.startswith(b"[rank ")] == [b"launcher: starting 2 workers\n"]
 
 
 def test_a_line_is_cut_only_past_the_limit_and_never_leaves_an_empty_piece() -> None:
+    async def one_byte_at_a_time(data: bytes) -> AsyncIterator[bytes]:
+        for at in range(len(data)):
+            yield data[at : at + 1]
+
     async def pieces(data: bytes, limit: int = 4) -> list[bytes]:
-        reader = asyncio.StreamReader()
-        reader.feed_data(data)
-        reader.feed_eof()
-        return [piece async for piece in read_pieces(reader, limit)]
+        """Each line of each block, and each block that is a piece of a longer line."""
+        return [
+            piece
+            async for block in line_blocks(one_byte_at_a_time(data), limit)
+            for piece in block.splitlines(keepends=True)
+        ]
 
     assert asyncio.run(pieces(b"ab\ncd\n\nef")) == [b"ab\n", b"cd\n", b"\n", b"ef"]
     assert asyncio.run(pieces(b"abcd\n")) == [b"abcd\n"]  # at the limit: whole
@@ -171,10 +176,13 @@ def test_a_line_is_cut_only_past_the_limit_and_never_leaves_an_empty_piece() -> 
 
 
 def test_a_piece_of_a_rank_ends_its_line_and_the_launchers_has_no_prefix() -> None:
-    assert rank_line(b"loss 0.1\n", 1) == b"[rank 1] loss 0.1\n"
-    assert rank_line(b"no newline", 0) == b"[rank 0] no newline\n"
-    assert rank_line(b"torchrun says\n", None) == b"torchrun says\n"
-    assert rank_line(b"cut", None) == b"cut\n"
+    assert rank_lines(b"loss 0.1\n", 1) == b"[rank 1] loss 0.1\n"
+    assert rank_lines(b"no newline", 0) == b"[rank 0] no newline\n"
+    assert rank_lines(b"torchrun says\n", None) == b"torchrun says\n"
+    assert rank_lines(b"cut", None) == b"cut\n"
+    # A block of lines: every line its prefix, empty ones too.
+    assert rank_lines(b"a\n\nb\n", 12) == b"[rank 12] a\n[rank 12] \n[rank 12] b\n"
+    assert rank_lines(b"a\n\nb\n", None) == b"a\n\nb\n"
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="files of other users need root")

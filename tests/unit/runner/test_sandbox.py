@@ -878,7 +878,7 @@ async def test_a_setuid_program_gives_the_job_no_privilege(setuid_id: Path) -> N
     )
     assert done.stdout.decode().strip() == "291200"
     job = await JobProcess.start([str(setuid_id), "-u"], cwd=Path("/"), env={}, user=user)
-    said = [line async for line in job.output_lines()]
+    said = [block async for block in job.output()]
     await job.wait()
     job.close()
     assert said == [b"291200\n"]
@@ -894,7 +894,7 @@ OPEN_TTY = [sys.executable, "-c", "open('/dev/tty', 'rb')"]
 
 async def job() -> int:
     process = await JobProcess.start(OPEN_TTY, cwd=Path("/"), env={})
-    async for _ in process.output_lines():
+    async for _ in process.output():
         pass
     process.close()
     return await process.wait()

@@ -1,0 +1,173 @@
+"""A job flooding its output with tiny lines costs the runner per chunk of bytes, not per
+line: the runner's event loop also sends the node's heartbeats and watches the other jobs.
+
+The job's processes and pipes are real; the work the runner does is counted in the writes
+to the job's log (one per block of output handled), never timed."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from trainyard_platform.services.runner.domain import JobIdentity
+from trainyard_platform.services.runner.logstream import CappedFile
+from trainyard_platform.services.runner.process import (
+    OUTPUT_LINE_LIMIT,
+    JobProcess,
+    RankPipes,
+    line_blocks,
+)
+from trainyard_platform.services.runner.sandbox import JobUser
+from trainyard_platform.services.runner.supervisor import JobRun
+
+FLOOD = 1024 * 1024
+"""Bytes of output, each a line of its own: a million lines."""
+MOST_BLOCKS = 1000
+"""Far above what a megabyte takes in chunks (16 full ones), far below a million lines."""
+NOTICE = b"\n[over the cap]\n"
+
+
+class CountedFile(CappedFile):
+    def __init__(self, path: Path, limit: int) -> None:
+        super().__init__(path, limit, NOTICE)
+        self.writes = 0
+
+    def write(self, data: bytes) -> bool:
+        self.writes += 1
+        return super().write(data)
+
+
+def job_run(tmp_path: Path, ranks: tuple[int, ...], limit: int = 2**40) -> JobRun:
+    run = JobRun(
+        JobIdentity("job-1", "alloc-1", "node-1", 1, 1),
+        events=None,  # type: ignore[arg-type]
+        ledger=None,  # type: ignore[arg-type]
+        store=None,  # type: ignore[arg-type]
+        checkpoint_store=None,  # type: ignore[arg-type]
+        sandbox=None,  # type: ignore[arg-type]
+        log_path=tmp_path / "alloc-1.log",
+        trace_headers={},
+        progress_interval_s=60.0,
+        log_tail_lines=3,
+    )
+    run._log_file = CountedFile(tmp_path / "alloc-1.log", limit)
+    run._ranks = ranks
+    return run
+
+
+def flooder(paths: list[str]) -> list[str]:
+    """A job writing ``FLOOD`` newlines then ``the end`` to each of ``paths`` (its stdout
+    when none), in writes as large as the pipe takes."""
+    code = (
+        "import os, sys\n"
+        "fds = [os.open(p, os.O_WRONLY) for p in sys.argv[1:]] or [1]\n"
+        f"for fd in fds: os.write(fd, b'\\n' * {FLOOD} + b'the end\\n')\n"
+    )
+    return [sys.executable, "-c", code, *paths]
+
+
+async def test_a_job_of_one_process_flooding_tiny_lines_is_copied_per_chunk(
+    tmp_path: Path,
+) -> None:
+    # Before: a line at a time, a million writes to the log (and awaits, and tail lines).
+    run = job_run(tmp_path, ())
+    job = await JobProcess.start(flooder([]), cwd=tmp_path, env={})
+    await asyncio.wait_for(run._read_output(job.output()), 60)  # a bound for a hang only
+    assert await job.wait() == 0
+    job.close()
+    log_file = run._log_file
+    assert isinstance(log_file, CountedFile)
+    log_file.close()
+
+    assert (tmp_path / "alloc-1.log").read_bytes() == b"\n" * FLOOD + b"the end\n"
+    assert log_file.writes <= MOST_BLOCKS
+    assert run._tail.text() == "\n\nthe end"
+
+
+async def test_ranks_flooding_tiny_lines_are_prefixed_line_by_line_per_chunk(
+    tmp_path: Path,
+) -> None:
+    run = job_run(tmp_path, (4, 5))
+    pipes = await RankPipes.open(tmp_path / "output", 2, JobUser(None, None))
+    try:
+        paths = [str(tmp_path / "output" / str(local)) for local in (0, 1)]
+        job = await JobProcess.start(flooder(paths), cwd=tmp_path, env={})
+        readers = asyncio.gather(
+            run._read_output(job.output(), None),
+            *(run._read_output(pipes.lines(local), rank) for local, rank in ((0, 4), (1, 5))),
+        )
+        assert await asyncio.wait_for(job.wait(), 60) == 0
+        pipes.release()
+        await asyncio.wait_for(readers, 60)
+        job.close()
+    finally:
+        pipes.close()
+    log_file = run._log_file
+    assert isinstance(log_file, CountedFile)
+    log_file.close()
+
+    lines = (tmp_path / "alloc-1.log").read_bytes().split(b"\n")
+    assert lines.pop() == b""
+    for rank in (4, 5):
+        of_rank = [line for line in lines if line.startswith(b"[rank %d] " % rank)]
+        assert of_rank == [b"[rank %d] " % rank] * FLOOD + [b"[rank %d] the end" % rank]
+    assert len(lines) == 2 * (FLOOD + 1)  # no other line, none cut
+    assert log_file.writes <= 2 * MOST_BLOCKS
+
+
+async def test_past_the_cap_a_flood_is_only_counted_per_chunk_and_the_tail_kept(
+    tmp_path: Path,
+) -> None:
+    limit = 4096
+    run = job_run(tmp_path, (3,), limit)
+    pipes = await RankPipes.open(tmp_path / "output", 1, JobUser(None, None))
+    try:
+        job = await JobProcess.start(
+            flooder([str(tmp_path / "output" / "0")]), cwd=tmp_path, env={}
+        )
+        readers = asyncio.gather(
+            run._read_output(job.output(), None), run._read_output(pipes.lines(0), 3)
+        )
+        assert await asyncio.wait_for(job.wait(), 60) == 0
+        pipes.release()
+        await asyncio.wait_for(readers, 60)
+        job.close()
+    finally:
+        pipes.close()
+    log_file = run._log_file
+    assert isinstance(log_file, CountedFile)
+    log_file.close()
+
+    kept = (tmp_path / "alloc-1.log").read_bytes()
+    assert kept.endswith(NOTICE) and len(kept) <= limit + len(NOTICE)
+    assert kept.removesuffix(NOTICE) == b"[rank 3] \n" * (len(kept.removesuffix(NOTICE)) // 10)
+    assert log_file.full
+    assert log_file.writes <= MOST_BLOCKS
+    # The tail (for ``job.failed``) still ends with the job's last words.
+    assert run._tail.text() == "[rank 3] \n[rank 3] \n[rank 3] the end"
+
+
+async def chunks_of(data: bytes, size: int) -> AsyncIterator[bytes]:
+    for at in range(0, len(data), size):
+        yield data[at : at + size]
+
+
+async def blocks_of(data: bytes, size: int, limit: int = OUTPUT_LINE_LIMIT) -> list[bytes]:
+    return [block async for block in line_blocks(chunks_of(data, size), limit)]
+
+
+async def test_lines_come_in_one_block_per_chunk_and_a_line_without_end_in_pieces() -> None:
+    # Before: one piece per line, a million of them.
+    blocks = await blocks_of(b"\n" * FLOOD, OUTPUT_LINE_LIMIT)
+    assert len(blocks) == FLOOD // OUTPUT_LINE_LIMIT
+    assert b"".join(blocks) == b"\n" * FLOOD
+    # A megabyte with no newline is never held back whole: it comes in pieces of the limit.
+    blocks = await blocks_of(b"x" * FLOOD + b"\n", OUTPUT_LINE_LIMIT)
+    count = FLOOD // OUTPUT_LINE_LIMIT
+    assert [len(b) for b in blocks] == [OUTPUT_LINE_LIMIT] * (count - 1) + [OUTPUT_LINE_LIMIT + 1]
+    # However the chunks come, larger than the limit too: no line in a block is longer.
+    blocks = await blocks_of(b"ab\ncd\n\nefghij", 100, 4)
+    assert b"".join(blocks) == b"ab\ncd\n\nefghij"
+    assert [b.split(b"\n") for b in blocks] == [[b"ab", b""], [b"cd", b"", b""], [b"efgh"], [b"ij"]]
