@@ -54,9 +54,10 @@ OUTPUT_LINE_LIMIT = 64 * 1024
 OUTPUT_CHUNK = OUTPUT_LINE_LIMIT
 """Most bytes of a job's output read at once (a Linux pipe's default capacity)."""
 OUTPUT_PAUSE_S = 0.01
-"""How long a pipe is left to fill after each read: the runner ships at most
-``OUTPUT_CHUNK`` bytes per pause per pipe (about 6 MiB/s: 2 GiB, ``max_output_bytes``'s
-default, in under six minutes), and a job writing faster waits on its pipe."""
+"""How long a pipe is left to fill after each read: the runner reads at most
+``OUTPUT_CHUNK`` bytes per pause per pipe (6.25 MiB/s: 2 GiB, ``max_output_bytes``'s
+default, through one pipe in five and a half minutes at the least), and a job writing
+faster waits on its pipe."""
 
 
 class JobProcess:
