@@ -12,7 +12,9 @@ answered. So, before git runs (``fetch_plan``):
   scp form ``user@host:path`` (ssh). A path, ``file://``, ``http://`` and git's remote
   helpers (``ext::<command>``, ``fd::``) are refused, and git is held to the same list by
   ``-c protocol.allow=never`` with ``protocol.<name>.allow=always`` for those three, on its
-  command line, where no repository's config can change it.
+  command line, where no repository's config can change it. So is what git would read
+  otherwise than this judgement or refuse itself: whitespace or a control character (which
+  ``urlsplit`` drops), an ssh user or scp path starting with '-' (an option to ssh).
 * The host is resolved once, here; every address it resolves to must be globally routable
   (``shared.public_addresses``: not loopback, private, link-local, shared CGNAT, unique-local,
   multicast, unspecified, documentation or otherwise reserved, nor an IPv6 form carrying such
@@ -57,6 +59,8 @@ _SCP = re.compile(
     r"(?P<user>[A-Za-z0-9._-]+)@(?P<host>[^:/@\[\]]+|\[[0-9A-Fa-f:.]+\]):(?P<path>.+)"
 )
 """git's scp-like ssh form ``user@host:path`` (``user@[v6]:path`` too)."""
+
+_BLANK = re.compile(r"[\x00-\x20\x7f]")
 
 SETTING = "TRAINYARD_RUNNER_GIT_ALLOW_PRIVATE"
 
@@ -147,6 +151,10 @@ def allow_entry(entry: str) -> IPNetwork | str:
 
 def parse_remote(repository: str) -> Remote:
     """``repository`` as a remote of one of ``TRANSPORTS``, else ``RemoteRefused``."""
+    if _BLANK.search(repository):
+        # urlsplit drops tabs and line breaks, and blanks before the scheme: what it read
+        # would not be what git is given.
+        raise RemoteRefused("holds whitespace or a control character")
     if "://" in repository:
         try:
             url: SplitResult = urlsplit(repository)
@@ -159,6 +167,7 @@ def parse_remote(repository: str) -> Remote:
         bracketed = url.netloc.rpartition("@")[2].startswith("[")
         if not _host_ok(host, bracketed):
             raise RemoteRefused(f"names no host this node fetches from ({host!r})")
+        _not_option_like("user", url.username or "")
         return Remote(url.scheme, host, port or DEFAULT_PORTS[url.scheme])
     scp = _SCP.fullmatch(repository)
     if scp is None:  # a path, file:, or a remote helper (``ext::``: no ``user@`` first)
@@ -168,7 +177,21 @@ def parse_remote(repository: str) -> Remote:
     host = host.strip("[]")
     if not _host_ok(host, bracketed):
         raise RemoteRefused(f"names no host this node fetches from ({host!r})")
+    _not_option_like("user", scp["user"])
+    _not_option_like("path", scp["path"])
     return Remote("ssh", host, DEFAULT_PORTS["ssh"], scp=True)
+
+
+def _not_option_like(part: str, text: str) -> None:
+    """git refuses an ssh ``user@host`` or scp-form path starting with '-' (``strange
+    hostname ... blocked``), which ssh would read as an option (``-oProxyCommand=<command>``
+    runs it): refused here as the job's input, before git runs, rather than left to fail as
+    a fetch the platform retries."""
+    if text.startswith("-"):
+        raise RemoteRefused(
+            f"names a {part} starting with '-' ({text[:50]!r}), which git refuses: ssh would "
+            "read it as an option"
+        )
 
 
 _ONLY = (

@@ -180,6 +180,26 @@ def test_a_repository_not_by_https_ssh_or_git_is_refused(repository: str) -> Non
         fetch_plan(repository, PrivateAllowed.parse(["0.0.0.0/0", "::/0"]), answers("8.8.8.8"))
 
 
+@pytest.mark.parametrize(
+    ("repository", "said"),
+    [
+        ("ssh://-oProxyCommand@h.example/x.git", "a user starting with '-'"),
+        ("-oProxyCommand@h.example:x.git", "a user starting with '-'"),
+        ("git@h.example:-x.git", "a path starting with '-'"),
+        # urlsplit reads these without their tab or blank; git is given them as written.
+        ("https://127.0.0.1\t@h.example/x.git", "whitespace or a control character"),
+        (" ssh://h.example/x.git", "whitespace or a control character"),
+    ],
+)
+def test_a_repository_git_would_refuse_or_read_otherwise_is_refused_before_it_runs(
+    repository: str, said: str
+) -> None:
+    """git refuses an ssh user or scp path starting with '-' (ssh would read it as an
+    option); left to git, it failed as a fetch the platform retries."""
+    with pytest.raises(RemoteRefused, match=said):
+        fetch_plan(repository, NONE, answers("8.8.8.8"))
+
+
 def test_a_host_that_does_not_resolve_says_so() -> None:
     def resolver(host: str, port: int) -> list[str]:
         raise HostUnresolved("[Errno -2] Name or service not known")
