@@ -110,7 +110,8 @@ GIT_URL = re.compile(
     rf"|[A-Za-z0-9._-]+@[A-Za-z0-9][A-Za-z0-9.-]*:{_NO_CONTROL}+"
 )
 """``https://host/path``, ``ssh://[user@]host[:port]/path``, ``git://host/path`` or the
-scp form ``user@host:path``: no whitespace, no credentials, nothing option-like."""
+scp form ``user@host:path``: no whitespace, no credentials (``_git_url`` refuses the rest
+of what git would: a user or scp path starting with '-', a port out of range)."""
 
 _IMAGE_DOMAIN = (
     r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*"
@@ -203,10 +204,11 @@ def _label_key(value: str) -> str:
 
 
 def _git_url(value: str) -> str:
-    """A repository git may fetch: ``GIT_URL``, no credentials for https and git, and a
-    host that, if written as an address, is a public one (``shared.public_addresses``):
-    ``https://10.0.0.5/...`` or ``git://127.0.0.1:4222/`` could only ever reach the runner's
-    own network. A host name is not judged here: what it resolves to is the runners'
+    """A repository git may fetch: ``GIT_URL``, no credentials for https and git, no user
+    or scp path starting with '-' (git refuses them, which ssh would read as options), a
+    port from 1 to 65535, and a host that, if written as an address, is a public one
+    (``shared.public_addresses``): ``https://10.0.0.5/...`` or ``git://127.0.0.1:4222/``
+    could only ever reach the runner's own network. A host name is not judged here: what it resolves to is the runners'
     network's answer, not this service's, so each runner resolves and judges it before it
     fetches (``services.runner.git_remote``), allowing the private networks and names its
     operator lists (``TRAINYARD_RUNNER_GIT_ALLOW_PRIVATE``): a company's own git server is
@@ -219,6 +221,15 @@ def _git_url(value: str) -> str:
     if value.startswith(("https://", "git://")) and has_userinfo(value):
         # ssh needs its login name (git@host); https and git take none but a token.
         raise ValueError(CREDENTIALS_IN_URL)
+    option_like = _git_option_like(value)
+    if option_like is not None:
+        raise ValueError(
+            f"must not have a {option_like} starting with '-': git refuses one, which ssh would "
+            "read as an option"
+        )
+    port = _git_port(value)
+    if port is not None and not 0 < port < 65536:
+        raise ValueError(f"names the port {port}, which is no port: 1 to 65535")
     host = _git_host(value)
     address = literal_address(host)
     problem = None if address is None else address_problem(address)
@@ -230,6 +241,28 @@ def _git_url(value: str) -> str:
             "host name, which the runners' operator may allow)"
         )
     return value
+
+
+def _git_option_like(value: str) -> str | None:
+    """The part of a repository ``GIT_URL`` matched that git refuses for starting with '-'
+    ("user", "path"), None when none does: the user of ``ssh://user@host`` and of the scp
+    form, and the scp form's path (``git@host:-x``)."""
+    if "://" in value:
+        authority = value.partition("://")[2].split("/", 1)[0]
+        return "user" if authority.startswith("-") else None
+    user, _, rest = value.partition("@")
+    if user.startswith("-"):
+        return "user"
+    return "path" if rest.partition(":")[2].startswith("-") else None
+
+
+def _git_port(value: str) -> int | None:
+    """The port a repository ``GIT_URL`` matched names, None when it names none."""
+    if "://" not in value:
+        return None
+    authority = value.partition("://")[2].split("/", 1)[0]
+    port = authority.rpartition("@")[2].partition(":")[2]
+    return int(port) if port else None
 
 
 def _git_host(value: str) -> str:

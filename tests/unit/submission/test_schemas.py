@@ -459,6 +459,26 @@ def test_a_git_url_with_a_token_before_its_host_is_refused(repository: str) -> N
 
 
 @pytest.mark.parametrize(
+    ("repository", "said"),
+    [
+        ("ssh://-oProxyCommand@example.com/x.git", "must not have a user starting with '-'"),
+        ("-oProxyCommand@example.com:x.git", "must not have a user starting with '-'"),
+        ("git@example.com:-x.git", "must not have a path starting with '-'"),
+        ("https://example.com:99999/x.git", "names the port 99999, which is no port"),
+        ("ssh://git@example.com:0/x.git", "names the port 0, which is no port"),
+    ],
+)
+def test_a_repository_git_would_refuse_is_refused_saying_why(repository: str, said: str) -> None:
+    """git refuses an ssh user or scp path starting with '-' (ssh would read it as an
+    option) and a port out of range: taken here, the job failed on the runner instead."""
+    errors = _errors({**GOOD, "code": {"kind": "git", "repository": repository, "commit": COMMIT}})
+    assert list(errors) == ["code.repository"]
+    assert said in errors["code.repository"]
+    dash_inside = "ssh://git@example.com/-x/a-b.git"  # not the scp form's path: git takes it
+    assert _job(code={"kind": "git", "repository": dash_inside, "commit": COMMIT}).code
+
+
+@pytest.mark.parametrize(
     ("repository", "named"),
     [
         ("https://169.254.169.254/latest/meta-data", "169.254.169.254, a link-local address"),
