@@ -168,6 +168,10 @@ def parse_remote(repository: str) -> Remote:
         if not _host_ok(host, bracketed):
             raise RemoteRefused(f"names no host this node fetches from ({host!r})")
         _not_option_like("user", url.username or "")
+        if port == 0:
+            # curl would connect to port 0 of a lookup of its own, not to the address pinned
+            # for the port judged (the default's).
+            raise RemoteRefused("names the port 0, which is no port: 1 to 65535")
         return Remote(url.scheme, host, port or DEFAULT_PORTS[url.scheme])
     scp = _SCP.fullmatch(repository)
     if scp is None:  # a path, file:, or a remote helper (``ext::``: no ``user@`` first)

@@ -189,6 +189,9 @@ def test_a_repository_not_by_https_ssh_or_git_is_refused(repository: str) -> Non
         # urlsplit reads these without their tab or blank; git is given them as written.
         ("https://127.0.0.1\t@h.example/x.git", "whitespace or a control character"),
         (" ssh://h.example/x.git", "whitespace or a control character"),
+        # Judged (and pinned) as port 443, while curl looked the name up again for port 0.
+        ("https://h.example:0/x.git", "the port 0, which is no port"),
+        ("https://h.example:000/x.git", "the port 0, which is no port"),
     ],
 )
 def test_a_repository_git_would_refuse_or_read_otherwise_is_refused_before_it_runs(
