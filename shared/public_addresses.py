@@ -2,9 +2,9 @@
 node reaches nothing of the node's own network.
 
 ``address_problem`` names what makes an address no public one (loopback, private,
-link-local, shared CGNAT, unique-local, multicast, unspecified, reserved, or an IPv6 form
-of such an IPv4 address); ``literal_address`` reads a host that is an address written out,
-in every form the resolver takes, without asking DNS. The runner judges a job's git
+link-local, shared CGNAT, unique-local, site-local, multicast, unspecified, reserved, or an
+IPv6 form of such an IPv4 address); ``literal_address`` reads a host that is an address
+written out, in every form the resolver takes, without asking DNS. The runner judges a job's git
 repository by them before fetching it (``services.runner.git_remote``), the submission API
 a repository written with an address (``services.submission.schemas``).
 """
@@ -51,6 +51,10 @@ def address_problem(address: IPAddress) -> str | None:
         return "a shared (CGNAT) address"
     if address in _UNIQUE_LOCAL:
         return "a unique-local address"
+    if isinstance(address, ipaddress.IPv6Address) and address.is_site_local:
+        # fec0::/10, deprecated but still routed by some sites as their own network; Python
+        # counts it as global.
+        return "a site-local address"
     if not address.is_global or address.is_reserved:
         return "a reserved address, not globally routable"
     return None

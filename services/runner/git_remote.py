@@ -17,8 +17,8 @@ answered. So, before git runs (``fetch_plan``):
   ``urlsplit`` drops), an ssh user or scp path starting with '-' (an option to ssh).
 * The host is resolved once, here; every address it resolves to must be globally routable
   (``shared.public_addresses``: not loopback, private, link-local, shared CGNAT, unique-local,
-  multicast, unspecified, documentation or otherwise reserved, nor an IPv6 form carrying such
-  an IPv4 address: mapped, NAT64, 6to4), unless the operator allows it
+  site-local, multicast, unspecified, documentation or otherwise reserved, nor an IPv6 form
+  carrying such an IPv4 address: mapped, NAT64, 6to4), unless the operator allows it
   (``Settings.git_allow_private``: networks and host names, for a company's own git server).
 * git then connects to the first address it was judged by, never to a second lookup's
   answer (DNS rebinding): https through ``http.curloptResolve``, git:// by naming the address

@@ -45,6 +45,8 @@ NOT_PUBLIC = {
     "fe80::1": "a link-local address",
     "fd12:3456::1": "a unique-local address",
     "fc00::1": "a unique-local address",
+    "fec0::1": "a site-local address",
+    "::ffff:0:10.0.0.5": "a reserved address, not globally routable",
     "ff02::1": "a multicast address",
     "ff0e::1": "a multicast address",
     "2001:db8::1": "a reserved address, not globally routable",
