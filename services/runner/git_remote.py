@@ -23,7 +23,8 @@ answered. So, before git runs (``fetch_plan``):
 * git then connects to the first address it was judged by, never to a second lookup's
   answer (DNS rebinding): https through ``http.curloptResolve``, git:// by naming the address
   itself in the URL (its ``host=`` then names the address), ssh through ``-o HostName=`` with
-  ``HostKeyAlias`` the name. https follows no redirect (``http.followRedirects=false``): a
+  ``HostKeyAlias`` the name; git:// and ssh so even when the URL names an address, whose
+  host git takes apart itself. https follows no redirect (``http.followRedirects=false``): a
   redirect's target is never judged, so a repository that moved is named where it now is.
 
 A refusal is the job's own input (the same on any node): ``JobInputError`` naming
@@ -207,9 +208,12 @@ _ONLY = (
 def _host_ok(host: str, bracketed: bool) -> bool:
     if bracketed:
         try:
-            return isinstance(ipaddress.ip_address(host), ipaddress.IPv6Address)
+            address = ipaddress.ip_address(host)
         except ValueError:
             return False
+        # No zone (``fe80::1%eth0``): it names one of this node's interfaces, and takes any
+        # text, which would reach the shell in ssh's command (``GIT_SSH_COMMAND``).
+        return isinstance(address, ipaddress.IPv6Address) and address.scope_id is None
     return bool(HOST_NAME.fullmatch(host))
 
 
@@ -268,13 +272,15 @@ def _pinned(repository: str, remote: Remote, address: IPAddress, literal: bool) 
     options = ["protocol.allow=never"] + [f"protocol.{name}.allow=always" for name in TRANSPORTS]
     options.append("http.followRedirects=false")
     shown = f"[{address}]" if address.version == 6 else str(address)
-    if literal:
-        return FetchPlan(repository, options)
     if remote.transport == "https":
+        if literal:  # curl reads an address as the resolver does, and looks nothing up
+            return FetchPlan(repository, options)
         name = remote.host.rstrip(".")
         for host in (name, name + "."):  # curl may key its cache with the final dot or without
             options.append(f"http.curloptResolve={host}:{remote.port}:{shown}")
         return FetchPlan(repository, options)
+    # git:// and ssh are pinned for an address written out too: git takes their host apart
+    # itself, and looks up ``user@8.8.8.8`` of ``git://user@8.8.8.8/`` as a name of its own.
     if remote.transport == "git":
         url = urlsplit(repository)
         netloc = f"{shown}:{remote.port}"

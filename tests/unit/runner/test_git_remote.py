@@ -154,6 +154,14 @@ def test_git_is_held_to_the_transports_and_to_the_address_judged() -> None:
     ssh = fetch_plan("git@h.example:team/x.git", NONE, answers("140.82.112.3"))
     assert ssh.url == "git@h.example:team/x.git"
     assert ssh.env == {"GIT_SSH_COMMAND": "ssh -o HostName=140.82.112.3 -o HostKeyAlias=h.example"}
+    # An address written out too: git takes a git:// or ssh host apart itself, and looked
+    # up ``user@8.8.8.8`` of ``git://user@8.8.8.8/`` as a name of its own.
+    by_address = fetch_plan("git://localhost@8.8.8.8/x.git", NONE)
+    assert by_address.url == "git://8.8.8.8:9418/x.git"
+    ssh_address = fetch_plan("ssh://localhost:22@[2606:4700::1111]/x.git", NONE)
+    assert ssh_address.env == {
+        "GIT_SSH_COMMAND": "ssh -o HostName=2606:4700::1111 -o HostKeyAlias=2606:4700::1111"
+    }
     for plan in (git, ssh):
         assert plan.options[0] == "protocol.allow=never"
         assert "http.followRedirects=false" in plan.options
@@ -175,6 +183,8 @@ def test_git_is_held_to_the_transports_and_to_the_address_judged() -> None:
         "https://h_example/x.git",
         "https://[not-v6]/x.git",
         "https:///x.git",
+        "ssh://git@[2606:4700::1111%25$(id)]/x.git",  # a zone takes any text
+        "https://[2606:4700::1111%eth0]/x.git",
     ],
 )
 def test_a_repository_not_by_https_ssh_or_git_is_refused(repository: str) -> None:
