@@ -13,8 +13,9 @@ answered. So, before git runs (``fetch_plan``):
   helpers (``ext::<command>``, ``fd::``) are refused, and git is held to the same list by
   ``-c protocol.allow=never`` with ``protocol.<name>.allow=always`` for those three, on its
   command line, where no repository's config can change it. So is what git would read
-  otherwise than this judgement or refuse itself: whitespace or a control character (which
-  ``urlsplit`` drops), an ssh user or scp path starting with '-' (an option to ssh).
+  otherwise than this judgement or refuse itself: whitespace, a control character or one
+  beyond ASCII (which ``urlsplit`` drops or lowers to ASCII), an ssh user or scp path
+  starting with '-' (an option to ssh), port 0, an IPv6 zone.
 * The host is resolved once, here; every address it resolves to must be globally routable
   (``shared.public_addresses``: not loopback, private, link-local, shared CGNAT, unique-local,
   site-local, multicast, unspecified, documentation or otherwise reserved, nor an IPv6 form
@@ -61,7 +62,7 @@ _SCP = re.compile(
 )
 """git's scp-like ssh form ``user@host:path`` (``user@[v6]:path`` too)."""
 
-_BLANK = re.compile(r"[\x00-\x20\x7f]")
+_NOT_PRINTABLE_ASCII = re.compile(r"[^\x21-\x7e]")
 
 SETTING = "TRAINYARD_RUNNER_GIT_ALLOW_PRIVATE"
 
@@ -152,10 +153,11 @@ def allow_entry(entry: str) -> IPNetwork | str:
 
 def parse_remote(repository: str) -> Remote:
     """``repository`` as a remote of one of ``TRANSPORTS``, else ``RemoteRefused``."""
-    if _BLANK.search(repository):
-        # urlsplit drops tabs and line breaks, and blanks before the scheme: what it read
-        # would not be what git is given.
-        raise RemoteRefused("holds whitespace or a control character")
+    if _NOT_PRINTABLE_ASCII.search(repository):
+        # urlsplit drops tabs and line breaks, and blanks before the scheme, and lowers the
+        # Kelvin sign of ``\u212aey.example`` to an ASCII k: what it read would not be what
+        # git is given.
+        raise RemoteRefused("holds whitespace, a control character or a character beyond ASCII")
     if "://" in repository:
         try:
             url: SplitResult = urlsplit(repository)

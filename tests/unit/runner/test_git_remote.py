@@ -199,8 +199,10 @@ def test_a_repository_not_by_https_ssh_or_git_is_refused(repository: str) -> Non
         ("-oProxyCommand@h.example:x.git", "a user starting with '-'"),
         ("git@h.example:-x.git", "a path starting with '-'"),
         # urlsplit reads these without their tab or blank; git is given them as written.
-        ("https://127.0.0.1\t@h.example/x.git", "whitespace or a control character"),
-        (" ssh://h.example/x.git", "whitespace or a control character"),
+        ("https://127.0.0.1\t@h.example/x.git", "whitespace, a control character"),
+        (" ssh://h.example/x.git", "whitespace, a control character"),
+        # urlsplit lowers the Kelvin sign to an ASCII k: judged as key.example.
+        ("https://\u212aey.example/x.git", "a character beyond ASCII"),
         # Judged (and pinned) as port 443, while curl looked the name up again for port 0.
         ("https://h.example:0/x.git", "the port 0, which is no port"),
         ("https://h.example:000/x.git", "the port 0, which is no port"),
@@ -210,7 +212,8 @@ def test_a_repository_git_would_refuse_or_read_otherwise_is_refused_before_it_ru
     repository: str, said: str
 ) -> None:
     """git refuses an ssh user or scp path starting with '-' (ssh would read it as an
-    option); left to git, it failed as a fetch the platform retries."""
+    option): left to git, it failed as a fetch the platform retries. What urlsplit reads
+    otherwise than git and curl would have been judged, and pinned, as another URL."""
     with pytest.raises(RemoteRefused, match=said):
         fetch_plan(repository, NONE, answers("8.8.8.8"))
 
