@@ -153,12 +153,10 @@ def allow_entry(entry: str) -> IPNetwork | str:
 
 def parse_remote(repository: str) -> Remote:
     """``repository`` as a remote of one of ``TRANSPORTS``, else ``RemoteRefused``."""
-    if _NOT_PRINTABLE_ASCII.search(repository):
-        # urlsplit drops tabs and line breaks, and blanks before the scheme, and lowers the
-        # Kelvin sign of ``\u212aey.example`` to an ASCII k: what it read would not be what
-        # git is given.
-        raise RemoteRefused("holds whitespace, a control character or a character beyond ASCII")
     if "://" in repository:
+        if repository.partition("://")[0] not in TRANSPORTS:
+            raise RemoteRefused(_ONLY)
+        _printable_ascii(repository)
         try:
             url: SplitResult = urlsplit(repository)
             port = url.port
@@ -179,6 +177,7 @@ def parse_remote(repository: str) -> Remote:
     scp = _SCP.fullmatch(repository)
     if scp is None:  # a path, file:, or a remote helper (``ext::``: no ``user@`` first)
         raise RemoteRefused(_ONLY)
+    _printable_ascii(repository)
     host = scp["host"]
     bracketed = host.startswith("[")
     host = host.strip("[]")
@@ -187,6 +186,13 @@ def parse_remote(repository: str) -> Remote:
     _not_option_like("user", scp["user"])
     _not_option_like("path", scp["path"])
     return Remote("ssh", host, DEFAULT_PORTS["ssh"], scp=True)
+
+
+def _printable_ascii(repository: str) -> None:
+    # urlsplit drops tabs and line breaks and lowers the Kelvin sign of ``\u212aey.example``
+    # to an ASCII k: what it read would not be what git is given.
+    if _NOT_PRINTABLE_ASCII.search(repository):
+        raise RemoteRefused("holds whitespace, a control character or a character beyond ASCII")
 
 
 def _not_option_like(part: str, text: str) -> None:

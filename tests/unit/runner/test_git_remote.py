@@ -200,7 +200,7 @@ def test_a_repository_not_by_https_ssh_or_git_is_refused(repository: str) -> Non
         ("git@h.example:-x.git", "a path starting with '-'"),
         # urlsplit reads these without their tab or blank; git is given them as written.
         ("https://127.0.0.1\t@h.example/x.git", "whitespace, a control character"),
-        (" ssh://h.example/x.git", "whitespace, a control character"),
+        ("ssh://h.exam\nple/x.git", "whitespace, a control character"),
         # urlsplit lowers the Kelvin sign to an ASCII k: judged as key.example.
         ("https://\u212aey.example/x.git", "a character beyond ASCII"),
         # Judged (and pinned) as port 443, while curl looked the name up again for port 0.
