@@ -215,8 +215,8 @@ def _git_url(value: str) -> str:
     named by host name."""
     if not GIT_URL.fullmatch(value):
         raise ValueError(
-            "must be an https://, ssh:// or git:// URL or user@host:path, without "
-            "whitespace or credentials"
+            "must be an https://, ssh:// or git:// URL or user@host:path, its host a name or "
+            "an IPv4 address (not an IPv6 one), without whitespace or credentials"
         )
     if value.startswith(("https://", "git://")) and has_userinfo(value):
         # ssh needs its login name (git@host); https and git take none but a token.

@@ -466,11 +466,13 @@ def test_a_git_url_with_a_token_before_its_host_is_refused(repository: str) -> N
         ("git@example.com:-x.git", "must not have a path starting with '-'"),
         ("https://example.com:99999/x.git", "names the port 99999, which is no port"),
         ("ssh://git@example.com:0/x.git", "names the port 0, which is no port"),
+        ("https://[2606:4700::1111]/x.git", "its host a name or an IPv4 address"),
     ],
 )
 def test_a_repository_git_would_refuse_is_refused_saying_why(repository: str, said: str) -> None:
     """git refuses an ssh user or scp path starting with '-' (ssh would read it as an
-    option) and a port out of range: taken here, the job failed on the runner instead."""
+    option) and a port out of range: taken here, the job failed on the runner instead. An
+    IPv6 address is no host the API takes, and its refusal says so."""
     errors = _errors({**GOOD, "code": {"kind": "git", "repository": repository, "commit": COMMIT}})
     assert list(errors) == ["code.repository"]
     assert said in errors["code.repository"]
