@@ -952,3 +952,16 @@ def test_git_connects_to_the_address_judged_never_to_a_lookup_of_its_own(
         assert looked_up == ["pinned.example.invalid"]
         assert server.accepted >= 1, str(error)
     assert "did not resolve" not in str(error)
+
+
+def test_git_connects_to_the_address_written_whatever_user_is_written_before_it(
+    tmp_path: Path,
+) -> None:
+    """git takes a git:// host apart itself: of ``git://localhost@127.0.0.1:<port>/`` it
+    looked up ``localhost@127.0.0.1`` as a name, one the runner never judged. It is given
+    the address judged instead."""
+    with Listener() as server:
+        repository = f"git://localhost@127.0.0.1:{server.port}/x.git"
+        error = checkout_fails(tmp_path, CodeGit(repository=repository, commit="0" * 40), LOOPBACK)
+        assert server.accepted >= 1, str(error)
+    assert "look up" not in str(error)
