@@ -8,14 +8,15 @@ private address, or a public server redirecting to one would reach the node's in
 services, and git's error text (in the job's failure reason) would carry back what they
 answered. So, before git runs (``fetch_plan``):
 
-* Only the transports the submission API takes: ``https://``, ``ssh://``, ``git://`` and the
-  scp form ``user@host:path`` (ssh). A path, ``file://``, ``http://`` and git's remote
-  helpers (``ext::<command>``, ``fd::``) are refused, and git is held to the same list by
-  ``-c protocol.allow=never`` with ``protocol.<name>.allow=always`` for those three, on its
-  command line, where no repository's config can change it. So is what git would read
-  otherwise than this judgement or refuse itself: whitespace, a control character or one
-  beyond ASCII (which ``urlsplit`` drops or lowers to ASCII), an ssh user or scp path
-  starting with '-' (an option to ssh), port 0, an IPv6 zone.
+* Only the transports the submission API takes: ``https://`` and ``git://``. ssh
+  (``ssh://`` and the scp form ``user@host:path``) is refused, saying why: git runs as the
+  job's uid, which has no keys (never the host's: one team could name another's private
+  repository), so an ssh fetch could never succeed. A path, ``file://``, ``http://`` and
+  git's remote helpers (``ext::<command>``, ``fd::``) are refused too, and git is held to
+  the same list by ``-c protocol.allow=never`` with ``protocol.<name>.allow=always`` for
+  those two, on its command line, where no repository's config can change it. So is what
+  git would read otherwise than this judgement: whitespace, a control character or one
+  beyond ASCII (which ``urlsplit`` drops or lowers to ASCII), port 0, an IPv6 zone.
 * The host is resolved once, here; every address it resolves to must be globally routable
   (``shared.public_addresses``: not loopback, private, link-local, shared CGNAT, unique-local,
   site-local, multicast, unspecified, documentation or otherwise reserved, nor an IPv6 form
@@ -23,9 +24,8 @@ answered. So, before git runs (``fetch_plan``):
   (``Settings.git_allow_private``: networks and host names, for a company's own git server).
 * git then connects to the first address it was judged by, never to a second lookup's
   answer (DNS rebinding): https through ``http.curloptResolve``, git:// by naming the address
-  itself in the URL (its ``host=`` then names the address), ssh through ``-o HostName=`` with
-  ``HostKeyAlias`` the name; git:// and ssh so even when the URL names an address, whose
-  host git takes apart itself. https follows no redirect (``http.followRedirects=false``): a
+  itself in the URL (its ``host=`` then names the address), even when the URL names an
+  address, whose host git takes apart itself. https follows no redirect (``http.followRedirects=false``): a
   redirect's target is never judged, so a repository that moved is named where it now is.
 
 A refusal is the job's own input (the same on any node): ``JobInputError`` naming
@@ -46,10 +46,9 @@ from trainyard_platform.shared.public_addresses import IPAddress, address_proble
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
-TRANSPORTS = ("https", "ssh", "git")
-"""The URL schemes a job's repository may use (git's protocol names too; the scp form is
-``ssh``)."""
-DEFAULT_PORTS = {"https": 443, "ssh": 22, "git": 9418}
+TRANSPORTS = ("https", "git")
+"""The URL schemes a job's repository may use (git's protocol names too)."""
+DEFAULT_PORTS = {"https": 443, "git": 9418}
 
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
 HOST_NAME = re.compile(rf"{_LABEL}(?:\.{_LABEL})*\.?")
@@ -57,10 +56,10 @@ HOST_NAME = re.compile(rf"{_LABEL}(?:\.{_LABEL})*\.?")
 host (``%``-escapes, ``@``, spaces) is refused rather than left for git's parser and the
 resolver's to read differently."""
 
-_SCP = re.compile(
-    r"(?P<user>[A-Za-z0-9._-]+)@(?P<host>[^:/@\[\]]+|\[[0-9A-Fa-f:.]+\]):(?P<path>.+)"
-)
-"""git's scp-like ssh form ``user@host:path`` (``user@[v6]:path`` too)."""
+SSH_SCHEMES = ("ssh", "git+ssh", "ssh+git")
+"""The URL schemes git fetches by ssh."""
+_SCP = re.compile(r"[^/:@]*@[^/@]+:")
+"""The start of git's scp-like ssh form ``user@host:path`` (``user@[v6]:path`` too)."""
 
 _NOT_PRINTABLE_ASCII = re.compile(r"[^\x21-\x7e]")
 
@@ -82,22 +81,19 @@ class Remote:
     """A repository URL, taken apart."""
 
     transport: str
-    """``https``, ``ssh`` or ``git``."""
+    """``https`` or ``git``."""
     host: str
     """As written, without brackets."""
     port: int
-    scp: bool = False
-    """Written ``user@host:path`` (ssh)."""
 
 
 @dataclass(frozen=True)
 class FetchPlan:
-    """How git fetches one repository: the URL it is given, ``-c`` options that go before
-    its command and variables of its environment."""
+    """How git fetches one repository: the URL it is given and ``-c`` options that go
+    before its command."""
 
     url: str
     options: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -153,6 +149,8 @@ def allow_entry(entry: str) -> IPNetwork | str:
 
 def parse_remote(repository: str) -> Remote:
     """``repository`` as a remote of one of ``TRANSPORTS``, else ``RemoteRefused``."""
+    if repository.partition("://")[0] in SSH_SCHEMES or _SCP.match(repository):
+        raise RemoteRefused(_NO_SSH)
     if "://" in repository:
         if repository.partition("://")[0] not in TRANSPORTS:
             raise RemoteRefused(_ONLY)
@@ -168,24 +166,12 @@ def parse_remote(repository: str) -> Remote:
         bracketed = url.netloc.rpartition("@")[2].startswith("[")
         if not _host_ok(host, bracketed):
             raise RemoteRefused(f"names no host this node fetches from ({host!r})")
-        _not_option_like("user", url.username or "")
         if port == 0:
             # curl would connect to port 0 of a lookup of its own, not to the address pinned
             # for the port judged (the default's).
             raise RemoteRefused("names the port 0, which is no port: 1 to 65535")
         return Remote(url.scheme, host, port or DEFAULT_PORTS[url.scheme])
-    scp = _SCP.fullmatch(repository)
-    if scp is None:  # a path, file:, or a remote helper (``ext::``: no ``user@`` first)
-        raise RemoteRefused(_ONLY)
-    _printable_ascii(repository)
-    host = scp["host"]
-    bracketed = host.startswith("[")
-    host = host.strip("[]")
-    if not _host_ok(host, bracketed):
-        raise RemoteRefused(f"names no host this node fetches from ({host!r})")
-    _not_option_like("user", scp["user"])
-    _not_option_like("path", scp["path"])
-    return Remote("ssh", host, DEFAULT_PORTS["ssh"], scp=True)
+    raise RemoteRefused(_ONLY)  # a path, file:, or a remote helper (``ext::``)
 
 
 def _printable_ascii(repository: str) -> None:
@@ -195,21 +181,14 @@ def _printable_ascii(repository: str) -> None:
         raise RemoteRefused("holds whitespace, a control character or a character beyond ASCII")
 
 
-def _not_option_like(part: str, text: str) -> None:
-    """git refuses an ssh ``user@host`` or scp-form path starting with '-' (``strange
-    hostname ... blocked``), which ssh would read as an option (``-oProxyCommand=<command>``
-    runs it): refused here as the job's input, before git runs, rather than left to fail as
-    a fetch the platform retries."""
-    if text.startswith("-"):
-        raise RemoteRefused(
-            f"names a {part} starting with '-' ({text[:50]!r}), which git refuses: ssh would "
-            "read it as an option"
-        )
-
-
 _ONLY = (
-    "is not an https://, ssh:// or git:// URL nor user@host:path: this node fetches code "
-    "by those alone (never a path, file://, http:// or a git remote helper such as ext::)"
+    "is not an https:// or git:// URL: this node fetches code by those alone (never a "
+    "path, file://, http://, ssh or a git remote helper such as ext::)"
+)
+_NO_SSH = (
+    "is an ssh repository, which is not supported: a job fetches its code without keys, so "
+    "only a public repository by https:// or git:// can be fetched; for a private "
+    "repository submit a code bundle"
 )
 
 
@@ -220,7 +199,7 @@ def _host_ok(host: str, bracketed: bool) -> bool:
         except ValueError:
             return False
         # No zone (``fe80::1%eth0``): it names one of this node's interfaces, and takes any
-        # text, which would reach the shell in ssh's command (``GIT_SSH_COMMAND``).
+        # text.
         return isinstance(address, ipaddress.IPv6Address) and address.scope_id is None
     return bool(HOST_NAME.fullmatch(host))
 
@@ -243,7 +222,7 @@ def fetch_plan(
 ) -> FetchPlan:
     """How git fetches ``repository`` from this node: refused (``RemoteRefused``) unless it
     is of one of ``TRANSPORTS`` and every address its host resolves to is public or
-    ``allowed``; else the URL, options and environment that hold git to the transports and
+    ``allowed``; else the URL and options that hold git to the transports and
     to the first address judged (``HostUnresolved`` when the host does not resolve)."""
     remote = parse_remote(repository)
     literal = literal_address(remote.host)
@@ -287,14 +266,8 @@ def _pinned(repository: str, remote: Remote, address: IPAddress, literal: bool) 
         for host in (name, name + "."):  # curl may key its cache with the final dot or without
             options.append(f"http.curloptResolve={host}:{remote.port}:{shown}")
         return FetchPlan(repository, options)
-    # git:// and ssh are pinned for an address written out too: git takes their host apart
-    # itself, and looks up ``user@8.8.8.8`` of ``git://user@8.8.8.8/`` as a name of its own.
-    if remote.transport == "git":
-        url = urlsplit(repository)
-        netloc = f"{shown}:{remote.port}"
-        return FetchPlan(url._replace(netloc=netloc).geturl(), options)
-    # ssh: the name stays in the URL (and picks the known host key); the address is where
-    # ssh connects. Both are shell-safe (an address, or ``HOST_NAME``): git runs the command
-    # through the shell.
-    command = f"ssh -o HostName={address} -o HostKeyAlias={remote.host}"
-    return FetchPlan(repository, options, {"GIT_SSH_COMMAND": command})
+    # git:// is pinned for an address written out too: git takes its host apart itself,
+    # and looks up ``user@8.8.8.8`` of ``git://user@8.8.8.8/`` as a name of its own.
+    url = urlsplit(repository)
+    netloc = f"{shown}:{remote.port}"
+    return FetchPlan(url._replace(netloc=netloc).geturl(), options)

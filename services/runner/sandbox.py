@@ -28,7 +28,8 @@ bundle, no devices, no name a file system cannot hold, bounded size), and unpack
 with the node's folder before it, an encoding it does not take: ``BUNDLE_ERRNOS``) fails the
 job as its own error naming the entry; the node's disk failing (full, read-only, I/O
 errors) is the node's. A git source
-is fetched, only by https, ssh or git and only from a public address unless the operator
+is fetched, only by https or git (never ssh: a job has no keys) and only from a public
+address unless the operator
 allows the network (``git_remote``), and the named commit checked out and verified. A bundle the object store cannot
 serve now (unreachable, not answering: ``bus.infrastructure_fault``) is no fault of the
 job: that error is raised as it is, and the runner lets the grant come again instead of
@@ -710,7 +711,6 @@ def checkout_git(
             "LANG": "C.UTF-8",
             "GIT_TERMINAL_PROMPT": "0",
             "GIT_CONFIG_NOSYSTEM": "1",
-            **plan.env,
         },
         max_processes=max_processes,
         cgroup=cgroup,

@@ -105,13 +105,19 @@ subdomain of at most 253 characters."""
 
 _NO_CONTROL = r"[^\s\x00-\x1f\x7f]"
 GIT_URL = re.compile(
-    rf"(?:https|ssh|git)://(?:[A-Za-z0-9._~-]+@)?[A-Za-z0-9][A-Za-z0-9.-]*(?::[0-9]{{1,5}})?"
+    rf"(?:https|git)://(?:[A-Za-z0-9._~-]+@)?[A-Za-z0-9][A-Za-z0-9.-]*(?::[0-9]{{1,5}})?"
     rf"/{_NO_CONTROL}+"
-    rf"|[A-Za-z0-9._-]+@[A-Za-z0-9][A-Za-z0-9.-]*:{_NO_CONTROL}+"
 )
-"""``https://host/path``, ``ssh://[user@]host[:port]/path``, ``git://host/path`` or the
-scp form ``user@host:path``: no whitespace, no credentials (``_git_url`` refuses the rest
-of what git would: a user or scp path starting with '-', a port out of range)."""
+"""``https://host[:port]/path`` or ``git://host[:port]/path``: no whitespace (``_git_url``
+refuses credentials before the host and a port out of range)."""
+SSH_GIT_URL = re.compile(r"(?:ssh|git\+ssh|ssh\+git)://|[^/:@]*@[^/@]+:")
+"""The start of a repository git fetches by ssh: ``ssh://`` (and git's ``git+ssh://``,
+``ssh+git://``) or the scp form ``user@host:path``."""
+NO_SSH = (
+    "ssh is not supported: a job fetches its code without keys, so only a public repository "
+    "by https:// or git:// can be fetched; for a private repository submit a code bundle "
+    "(leave code out of the spec and `trainyard submit` packs and uploads its folder)"
+)
 
 _IMAGE_DOMAIN = (
     r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*"
@@ -204,8 +210,8 @@ def _label_key(value: str) -> str:
 
 
 def _git_url(value: str) -> str:
-    """A repository git may fetch: ``GIT_URL``, no credentials for https and git, no user
-    or scp path starting with '-' (git refuses them, which ssh would read as options), a
+    """A repository git may fetch: ``GIT_URL`` (never ssh, ``NO_SSH``: a job fetches
+    without keys, never the host's, so an ssh fetch could never succeed), no credentials, a
     port from 1 to 65535, and a host that, if written as an address, is a public one
     (``shared.public_addresses``): ``https://10.0.0.5/...`` or ``git://127.0.0.1:4222/``
     could only ever reach the runner's own network. A host name is not judged here: what it resolves to is the runners'
@@ -213,20 +219,15 @@ def _git_url(value: str) -> str:
     fetches (``services.runner.git_remote``), allowing the private networks and names its
     operator lists (``TRAINYARD_RUNNER_GIT_ALLOW_PRIVATE``): a company's own git server is
     named by host name."""
+    if SSH_GIT_URL.match(value):
+        raise ValueError(NO_SSH)
     if not GIT_URL.fullmatch(value):
         raise ValueError(
-            "must be an https://, ssh:// or git:// URL or user@host:path, its host a name or "
-            "an IPv4 address (not an IPv6 one), without whitespace or credentials"
+            "must be an https:// or git:// URL, its host a name or an IPv4 address (not an "
+            "IPv6 one), without whitespace or credentials"
         )
-    if value.startswith(("https://", "git://")) and has_userinfo(value):
-        # ssh needs its login name (git@host); https and git take none but a token.
+    if has_userinfo(value):  # https and git take no user but a token
         raise ValueError(CREDENTIALS_IN_URL)
-    option_like = _git_option_like(value)
-    if option_like is not None:
-        raise ValueError(
-            f"must not have a {option_like} starting with '-': git refuses one, which ssh would "
-            "read as an option"
-        )
     port = _git_port(value)
     if port is not None and not 0 < port < 65536:
         raise ValueError(f"names the port {port}, which is no port: 1 to 65535")
@@ -243,35 +244,18 @@ def _git_url(value: str) -> str:
     return value
 
 
-def _git_option_like(value: str) -> str | None:
-    """The part of a repository ``GIT_URL`` matched that git refuses for starting with '-'
-    ("user", "path"), None when none does: the user of ``ssh://user@host`` and of the scp
-    form, and the scp form's path (``git@host:-x``)."""
-    if "://" in value:
-        authority = value.partition("://")[2].split("/", 1)[0]
-        return "user" if authority.startswith("-") else None
-    user, _, rest = value.partition("@")
-    if user.startswith("-"):
-        return "user"
-    return "path" if rest.partition(":")[2].startswith("-") else None
-
-
 def _git_port(value: str) -> int | None:
     """The port a repository ``GIT_URL`` matched names, None when it names none."""
-    if "://" not in value:
-        return None
     authority = value.partition("://")[2].split("/", 1)[0]
     port = authority.rpartition("@")[2].partition(":")[2]
     return int(port) if port else None
 
 
 def _git_host(value: str) -> str:
-    """The host of a repository ``GIT_URL`` matched: after ``scheme://`` and a user, or
-    between ``user@`` and ``:`` of the scp form; without its port."""
-    if "://" in value:
-        authority = value.partition("://")[2].split("/", 1)[0]
-        return authority.rpartition("@")[2].split(":", 1)[0]
-    return value.partition("@")[2].split(":", 1)[0]
+    """The host of a repository ``GIT_URL`` matched: after ``scheme://`` (and a user),
+    without its port."""
+    authority = value.partition("://")[2].split("/", 1)[0]
+    return authority.rpartition("@")[2].split(":", 1)[0]
 
 
 def _image(value: str) -> str:

@@ -86,9 +86,9 @@ NONE = PrivateAllowed()
         "https://127.0.0.1:9000/x.git",
         "https://169.254.169.254/latest/meta-data",
         "git://127.0.0.1:4222/",
-        "ssh://git@10.1.2.3/x.git",
-        "git@192.168.0.7:team/x.git",
-        "git@[::1]:x.git",
+        "git://10.1.2.3/x.git",
+        "https://192.168.0.7/team/x.git",
+        "git://[::1]/x.git",
         "https://[::ffff:127.0.0.1]/x.git",
         "https://2130706433/x.git",  # 127.0.0.1 to the resolver and to curl
         "https://0x7f.1/x.git",
@@ -128,9 +128,9 @@ def test_what_the_operator_allows_is_fetched_from_all_the_same() -> None:
     with pytest.raises(RemoteRefused, match=r"127\.0\.0\.1, a loopback"):
         fetch_plan("https://git.corp.example/x.git", networks, answers("127.0.0.1"))
     by_name = PrivateAllowed.parse(["Git.Corp.Example."])
-    fetch_plan("ssh://git@git.corp.example/x.git", by_name, answers("10.0.0.5"))
+    fetch_plan("git://git.corp.example/x.git", by_name, answers("10.0.0.5"))
     with pytest.raises(RemoteRefused):  # exactly that name, not one below it
-        fetch_plan("ssh://git@a.git.corp.example/x.git", by_name, answers("10.0.0.5"))
+        fetch_plan("git://a.git.corp.example/x.git", by_name, answers("10.0.0.5"))
 
 
 def test_git_is_held_to_the_transports_and_to_the_address_judged() -> None:
@@ -141,7 +141,6 @@ def test_git_is_held_to_the_transports_and_to_the_address_judged() -> None:
     assert https.options == [
         "protocol.allow=never",
         "protocol.https.allow=always",
-        "protocol.ssh.allow=always",
         "protocol.git.allow=always",
         "http.followRedirects=false",
         "http.curloptResolve=h.example:8443:140.82.112.3",
@@ -151,18 +150,13 @@ def test_git_is_held_to_the_transports_and_to_the_address_judged() -> None:
     assert "http.curloptResolve=h.example:443:[2606:4700::1111]" in v6.options
     git = fetch_plan("git://h.example/team/x.git", NONE, answers("140.82.112.3"))
     assert git.url == "git://140.82.112.3:9418/team/x.git"
-    ssh = fetch_plan("git@h.example:team/x.git", NONE, answers("140.82.112.3"))
-    assert ssh.url == "git@h.example:team/x.git"
-    assert ssh.env == {"GIT_SSH_COMMAND": "ssh -o HostName=140.82.112.3 -o HostKeyAlias=h.example"}
-    # An address written out too: git takes a git:// or ssh host apart itself, and looked
-    # up ``user@8.8.8.8`` of ``git://user@8.8.8.8/`` as a name of its own.
+    # An address written out too: git takes a git:// host apart itself, and looked up
+    # ``user@8.8.8.8`` of ``git://user@8.8.8.8/`` as a name of its own.
     by_address = fetch_plan("git://localhost@8.8.8.8/x.git", NONE)
     assert by_address.url == "git://8.8.8.8:9418/x.git"
-    ssh_address = fetch_plan("ssh://localhost:22@[2606:4700::1111]/x.git", NONE)
-    assert ssh_address.env == {
-        "GIT_SSH_COMMAND": "ssh -o HostName=2606:4700::1111 -o HostKeyAlias=2606:4700::1111"
-    }
-    for plan in (git, ssh):
+    v6_address = fetch_plan("git://localhost:22@[2606:4700::1111]/x.git", NONE)
+    assert v6_address.url == "git://[2606:4700::1111]:9418/x.git"
+    for plan in (git, by_address):
         assert plan.options[0] == "protocol.allow=never"
         assert "http.followRedirects=false" in plan.options
 
@@ -183,11 +177,11 @@ def test_git_is_held_to_the_transports_and_to_the_address_judged() -> None:
         "https://h_example/x.git",
         "https://[not-v6]/x.git",
         "https:///x.git",
-        "ssh://git@[2606:4700::1111%25$(id)]/x.git",  # a zone takes any text
+        "git://[2606:4700::1111%25$(id)]/x.git",  # a zone takes any text
         "https://[2606:4700::1111%eth0]/x.git",
     ],
 )
-def test_a_repository_not_by_https_ssh_or_git_is_refused(repository: str) -> None:
+def test_a_repository_not_by_https_or_git_is_refused(repository: str) -> None:
     with pytest.raises(RemoteRefused):
         fetch_plan(repository, PrivateAllowed.parse(["0.0.0.0/0", "::/0"]), answers("8.8.8.8"))
 
@@ -195,12 +189,9 @@ def test_a_repository_not_by_https_ssh_or_git_is_refused(repository: str) -> Non
 @pytest.mark.parametrize(
     ("repository", "said"),
     [
-        ("ssh://-oProxyCommand@h.example/x.git", "a user starting with '-'"),
-        ("-oProxyCommand@h.example:x.git", "a user starting with '-'"),
-        ("git@h.example:-x.git", "a path starting with '-'"),
         # urlsplit reads these without their tab or blank; git is given them as written.
         ("https://127.0.0.1\t@h.example/x.git", "whitespace, a control character"),
-        ("ssh://h.exam\nple/x.git", "whitespace, a control character"),
+        ("git://h.exam\nple/x.git", "whitespace, a control character"),
         # urlsplit lowers the Kelvin sign to an ASCII k: judged as key.example.
         ("https://\u212aey.example/x.git", "a character beyond ASCII"),
         # Judged (and pinned) as port 443, while curl looked the name up again for port 0.
@@ -211,11 +202,42 @@ def test_a_repository_not_by_https_ssh_or_git_is_refused(repository: str) -> Non
 def test_a_repository_git_would_refuse_or_read_otherwise_is_refused_before_it_runs(
     repository: str, said: str
 ) -> None:
-    """git refuses an ssh user or scp path starting with '-' (ssh would read it as an
-    option): left to git, it failed as a fetch the platform retries. What urlsplit reads
-    otherwise than git and curl would have been judged, and pinned, as another URL."""
+    """What urlsplit reads otherwise than git and curl would have been judged, and pinned,
+    as another URL."""
     with pytest.raises(RemoteRefused, match=said):
         fetch_plan(repository, NONE, answers("8.8.8.8"))
+
+
+@pytest.mark.parametrize(
+    "repository",
+    [
+        "ssh://git@github.com/acme/train.git",
+        "ssh://git@h.example:2222/x.git",
+        "git+ssh://git@h.example/x.git",
+        "ssh+git://git@h.example/x.git",
+        "git@github.com:acme/train.git",
+        "git@[2606:4700::1111]:x.git",
+        # What ssh would read as an option is refused as ssh all the same.
+        "ssh://-oProxyCommand@h.example/x.git",
+        "-oProxyCommand@h.example:x.git",
+        "git@h.example:-x.git",
+    ],
+)
+def test_a_repository_by_ssh_is_refused_saying_why_before_a_lookup(repository: str) -> None:
+    """git fetches as the job's uid, which has no keys (never the host's: one team could
+    name another's private repository): an ssh fetch could never succeed, and failed on the
+    node as the platform's, retried. Refused as the job's input, saying what to do."""
+
+    def resolver(host: str, port: int) -> list[str]:
+        raise AssertionError("an ssh host is not looked up")
+
+    with pytest.raises(RemoteRefused) as refused:
+        fetch_plan(repository, PrivateAllowed.parse(["0.0.0.0/0", "::/0"]), resolver)
+    assert str(refused.value) == (
+        "is an ssh repository, which is not supported: a job fetches its code without keys, "
+        "so only a public repository by https:// or git:// can be fetched; for a private "
+        "repository submit a code bundle"
+    )
 
 
 def test_a_host_that_does_not_resolve_says_so() -> None:

@@ -931,7 +931,7 @@ def test_what_runs_as_the_job_has_no_controlling_terminal() -> None:
 
 @pytest.mark.parametrize(
     "form",
-    ["https://{host}:{port}/x.git", "git://{host}:{port}/x.git", "ssh://git@{host}:{port}/x.git"],
+    ["https://{host}:{port}/x.git", "git://{host}:{port}/x.git"],
 )
 def test_git_connects_to_the_address_judged_never_to_a_lookup_of_its_own(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, form: str

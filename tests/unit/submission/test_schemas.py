@@ -402,13 +402,41 @@ def test_code_bundle_and_git_reach_the_wire_spec() -> None:
     "repository",
     [
         "https://github.com/acme/train.git",
-        "ssh://git@github.com:22/acme/train.git",
+        "https://github.com:443/acme/train.git",
         "git://example.org/train",
-        "git@github.com:acme/train.git",
     ],
 )
 def test_git_repository_urls_accepted(repository: str) -> None:
     assert _job(code={"kind": "git", "repository": repository, "commit": COMMIT}).code
+
+
+@pytest.mark.parametrize(
+    "repository",
+    [
+        "ssh://git@github.com:22/acme/train.git",
+        "ssh://github.com/acme/train.git",
+        "git+ssh://git@github.com/acme/train.git",
+        "ssh+git://git@github.com/acme/train.git",
+        "git@github.com:acme/train.git",
+        # What ssh would read as an option is refused as ssh all the same.
+        "ssh://-oProxyCommand@example.com/x.git",
+        "-oProxyCommand@example.com:x.git",
+        "git@example.com:-x.git",
+    ],
+)
+def test_a_repository_by_ssh_is_refused_saying_what_to_do_instead(repository: str) -> None:
+    """A job fetches its code as its own uid, without keys (never the host's: one team
+    could name another's private repository), so an ssh fetch could never succeed: taken
+    here, the job failed on the node as the platform's, retried, again and again."""
+    errors = _errors({**GOOD, "code": {"kind": "git", "repository": repository, "commit": COMMIT}})
+    assert errors == {
+        "code.repository": (
+            "ssh is not supported: a job fetches its code without keys, so only a "
+            "public repository by https:// or git:// can be fetched; for a private repository "
+            "submit a code bundle (leave code out of the spec and `trainyard submit` packs and "
+            "uploads its folder)"
+        )
+    }
 
 
 @pytest.mark.parametrize(
@@ -449,8 +477,8 @@ def test_bad_code_is_named(code: object, field: str) -> None:
 )
 def test_a_git_url_with_a_token_before_its_host_is_refused(repository: str) -> None:
     """A spec is readable by the whole team and travels in every service's events, so a
-    token in its URL (``https://TOKEN@github.com/...``) must not be stored; ssh keeps its
-    login name (``git@host``), and an ``@`` in the path is no user."""
+    token in its URL (``https://TOKEN@github.com/...``) must not be stored; an ``@`` in the
+    path is no user."""
     errors = _errors({**GOOD, "code": {"kind": "git", "repository": repository, "commit": COMMIT}})
     assert list(errors) == ["code.repository"]
     assert "must not carry credentials" in errors["code.repository"]
@@ -461,22 +489,18 @@ def test_a_git_url_with_a_token_before_its_host_is_refused(repository: str) -> N
 @pytest.mark.parametrize(
     ("repository", "said"),
     [
-        ("ssh://-oProxyCommand@example.com/x.git", "must not have a user starting with '-'"),
-        ("-oProxyCommand@example.com:x.git", "must not have a user starting with '-'"),
-        ("git@example.com:-x.git", "must not have a path starting with '-'"),
         ("https://example.com:99999/x.git", "names the port 99999, which is no port"),
-        ("ssh://git@example.com:0/x.git", "names the port 0, which is no port"),
+        ("git://example.com:0/x.git", "names the port 0, which is no port"),
         ("https://[2606:4700::1111]/x.git", "its host a name or an IPv4 address"),
     ],
 )
 def test_a_repository_git_would_refuse_is_refused_saying_why(repository: str, said: str) -> None:
-    """git refuses an ssh user or scp path starting with '-' (ssh would read it as an
-    option) and a port out of range: taken here, the job failed on the runner instead. An
+    """git refuses a port out of range: taken here, the job failed on the runner instead. An
     IPv6 address is no host the API takes, and its refusal says so."""
     errors = _errors({**GOOD, "code": {"kind": "git", "repository": repository, "commit": COMMIT}})
     assert list(errors) == ["code.repository"]
     assert said in errors["code.repository"]
-    dash_inside = "ssh://git@example.com/-x/a-b.git"  # not the scp form's path: git takes it
+    dash_inside = "https://example.com/-x/a-b.git"  # a path, not an option: git takes it
     assert _job(code={"kind": "git", "repository": dash_inside, "commit": COMMIT}).code
 
 
@@ -487,13 +511,13 @@ def test_a_repository_git_would_refuse_is_refused_saying_why(repository: str, sa
         ("https://10.0.0.5/team/x.git", "10.0.0.5, a private address"),
         ("git://127.0.0.1:4222/x", "127.0.0.1, a loopback address"),
         ("https://localhost:9000/x", None),  # a host name: the runner judges it
-        ("ssh://git@192.168.1.20:2222/x.git", "192.168.1.20, a private address"),
-        ("git@100.64.3.3:team/x.git", "100.64.3.3, a shared (CGNAT) address"),
+        ("git://192.168.1.20:2222/x.git", "192.168.1.20, a private address"),
+        ("https://100.64.3.3/team/x.git", "100.64.3.3, a shared (CGNAT) address"),
         ("https://2130706433/x.git", "2130706433 (127.0.0.1), a loopback address"),
         ("https://0x7f.1/x.git", "0x7f.1 (127.0.0.1), a loopback address"),
         ("https://0.0.0.0/x.git", "0.0.0.0, the unspecified address"),
         ("https://140.82.112.3/acme/train.git", None),
-        ("git@github.com:acme/train.git", None),
+        ("git://github.com/acme/train.git", None),
     ],
 )
 def test_a_repository_written_as_an_address_that_is_not_public_is_refused(
