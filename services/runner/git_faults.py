@@ -9,7 +9,7 @@ credentials, a redirect (never followed: ``git_remote``), a transport git refuse
 (``platform_error``, retried), its reason naming the field all the same.
 
 A host that does not resolve stays the platform's: from git's words (curl's "Could not
-resolve host", ssh's "Name or service not known") a mistyped host and a node whose resolver
+resolve host", git://'s "unable to look up") a mistyped host and a node whose resolver
 cannot reach the internet answer the same, NXDOMAIN included (a node with filtered DNS says
 "Name or service not known" of every public name), so calling it the job's fault would
 fail good jobs for good on such a node. Its reason says both readings.
@@ -74,7 +74,7 @@ _FAULTS: tuple[tuple[re.Pattern[str], str, str, bool], ...] = tuple(
         ),
         (
             r"terminal prompts disabled|could not read (username|password)"
-            r"|authentication failed|permission denied \(publickey",
+            r"|authentication failed",
             REPOSITORY,
             "the repository asks for credentials, and jobs fetch without any",
             True,
@@ -94,7 +94,7 @@ _FAULTS: tuple[tuple[re.Pattern[str], str, str, bool], ...] = tuple(
         ),
         # What may pass: the platform's.
         (
-            r"could not resolve host|could not resolve hostname|unable to look up"
+            r"could not resolve host|unable to look up"
             r"|name or service not known|temporary failure in name resolution",
             REPOSITORY,
             UNRESOLVED,
