@@ -560,6 +560,33 @@ async def test_a_git_server_failing_or_a_host_not_resolving_never_counts_against
     assert launched(launches) == []
 
 
+async def test_a_repository_by_ssh_fails_as_the_jobs_input_and_is_never_asked(
+    settings: Settings,
+    start_runner: StartRunner,
+    bus: Bus,
+    events: EventLog,
+    launches: Path,
+) -> None:
+    """The API refuses ssh, but a grant may come from another producer. git fetches as the
+    job's uid, without keys (never the host's): an ssh fetch could never succeed, and
+    failed as the platform's, retried on node after node. It fails as the job's input,
+    naming the field, before git runs, even on an address the operator allows."""
+    with Listener() as server:
+        await start_runner(settings)
+        allocation = grant(settings.node_id, ["succeed", str(launches)])
+        repository = f"ssh://git@127.0.0.1:{server.port}/team/repo.git"
+        code = CodeGit(repository=repository, commit="0" * 40)
+        spec = allocation.spec.model_copy(update={"code": code})
+        await publish(bus, allocation.model_copy(update={"spec": spec}), settings.node_id)
+        failed = await events.first(JobFailed, allocation.job_id, timeout=60)
+        assert failed.failure_kind == "user_error" and not failed.node_fault
+        assert failed.reason.startswith(
+            f"spec.code.repository: {repository!r} is an ssh repository, which is not supported"
+        ), failed.reason
+        assert server.accepted == 0, "git was run for an ssh repository"
+    assert launched(launches) == []
+
+
 @pytest.mark.parametrize("scheme", ["https", "git"])
 async def test_a_repository_on_an_address_that_is_not_public_is_never_asked(
     settings: Settings,
