@@ -25,8 +25,9 @@ answered. So, before git runs (``fetch_plan``):
 * git then connects to the first address it was judged by, never to a second lookup's
   answer (DNS rebinding): https through ``http.curloptResolve``, git:// by naming the address
   itself in the URL (its ``host=`` then names the address), even when the URL names an
-  address, whose host git takes apart itself. https follows no redirect (``http.followRedirects=false``): a
-  redirect's target is never judged, so a repository that moved is named where it now is.
+  address, whose host git takes apart itself. https follows no redirect
+  (``http.followRedirects=false``): a redirect's target is never judged, so a repository
+  that moved is named where it now is.
 
 A refusal is the job's own input (the same on any node): ``JobInputError`` naming
 ``spec.code.repository`` and why. A host that does not resolve is retried as the platform's,

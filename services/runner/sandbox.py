@@ -27,11 +27,10 @@ bundle, no devices, no name a file system cannot hold, bounded size), and unpack
 ``data`` filter too. What the node's file system still refuses of its names (a path too long
 with the node's folder before it, an encoding it does not take: ``BUNDLE_ERRNOS``) fails the
 job as its own error naming the entry; the node's disk failing (full, read-only, I/O
-errors) is the node's. A git source
-is fetched, only by https or git (never ssh: a job has no keys) and only from a public
-address unless the operator
-allows the network (``git_remote``), and the named commit checked out and verified. A bundle the object store cannot
-serve now (unreachable, not answering: ``bus.infrastructure_fault``) is no fault of the
+errors) is the node's. A git source is fetched, only by https or git (never ssh: a job has
+no keys) and only from a public address unless the operator allows the network
+(``git_remote``), and the named commit checked out and verified. A bundle the object store
+cannot serve now (unreachable, not answering: ``bus.infrastructure_fault``) is no fault of the
 job: that error is raised as it is, and the runner lets the grant come again instead of
 failing it.
 
