@@ -661,10 +661,10 @@ class JobRun:
                 # only counted: no prefix is paid for bytes kept nowhere.
                 kept = self._ranks and not log_file.full
                 log_file.write(rank_lines(block, rank) if kept else block)
-            last = b"\n".join(last_lines(block, count))
-            if self._ranks:
-                last = rank_lines(last, rank)
-            for line in last_lines(last, count):
+            # Each line as the log holds it; an empty one is a line of the tail too.
+            for line in last_lines(block, count):
+                if self._ranks:
+                    line = rank_lines(line, rank)
                 self._tail.add(line.decode("utf-8", errors="replace").rstrip("\r\n"))
 
     # --- the control socket -------------------------------------------------------------

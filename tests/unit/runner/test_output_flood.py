@@ -171,3 +171,20 @@ async def test_lines_come_in_one_block_per_chunk_and_a_line_without_end_in_piece
     blocks = await blocks_of(b"ab\ncd\n\nefghij", 100, 4)
     assert b"".join(blocks) == b"ab\ncd\n\nefghij"
     assert [b.split(b"\n") for b in blocks] == [[b"ab", b""], [b"cd", b"", b""], [b"efgh"], [b"ij"]]
+
+
+async def test_the_tail_keeps_each_empty_line_as_when_read_a_line_at_a_time(
+    tmp_path: Path,
+) -> None:
+    # Its last three lines are "", "end", "": each block ends with an empty line.
+    for ranks, rank, expected in (
+        ((), None, ["", "end", ""]),
+        ((2,), None, ["", "end", ""]),
+        ((2,), 2, ["[rank 2] ", "[rank 2] end", "[rank 2] "]),
+    ):
+        run = job_run(tmp_path, ranks)
+        for block in (b"boom\n\n", b"end\n\n"):
+            await run._read_output(chunks_of(block, 100), rank)
+        assert run._log_file is not None
+        run._log_file.close()
+        assert run._tail.text() == "\n".join(expected)
