@@ -42,9 +42,11 @@ MAX_CHUNK_BYTES = 1024 * 1024
 
 class CappedFile:
     """Appends to ``path`` at most ``limit`` bytes in all (what it held before counts).
-    The first write that would pass the limit writes ``notice`` instead (it may pass the
-    limit by its own size) and every later write is dropped, counted in ``dropped``. Each
-    write is flushed, so a reader (``tail -f``, the shipper) sees it at once."""
+    The first write that would pass the limit keeps the whole lines of it that fit (a write
+    is a block of many lines, ``process.line_blocks``), then writes ``notice`` (it may pass
+    the limit by its own size); the rest of it and every later write are dropped, counted
+    in ``dropped``. Each write is flushed, so a reader (``tail -f``, the shipper) sees it at
+    once."""
 
     def __init__(self, path: Path, limit: int, notice: bytes = b"") -> None:
         self._file = path.open("ab")
@@ -62,11 +64,15 @@ class CappedFile:
         return self.dropped > 0
 
     def write(self, data: bytes) -> bool:
-        """Append ``data``; False when it was dropped."""
+        """Append ``data``; False when it was dropped, wholly or in part."""
         if self.dropped or self._written + len(data) > self._limit:
-            if not self.dropped and self._notice:
-                self._file.write(self._notice)
+            if not self.dropped:
+                room = self._limit - self._written
+                fits = data.rfind(b"\n", 0, room) + 1 if room > 0 else 0
+                self._file.write(data[:fits] + self._notice)
                 self._file.flush()
+                self._written += fits
+                data = data[fits:]
             self.dropped += len(data)
             return False
         self._file.write(data)

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from trainyard_platform.services.runner.domain import JobIdentity
-from trainyard_platform.services.runner.logstream import CappedFile
+from trainyard_platform.services.runner.logstream import CappedFile, rank_lines
 from trainyard_platform.services.runner.process import (
     OUTPUT_LINE_LIMIT,
     JobProcess,
@@ -188,3 +188,22 @@ async def test_the_tail_keeps_each_empty_line_as_when_read_a_line_at_a_time(
         assert run._log_file is not None
         run._log_file.close()
         assert run._tail.text() == "\n".join(expected)
+
+
+async def test_the_block_that_passes_the_cap_keeps_its_whole_lines_that_fit(
+    tmp_path: Path,
+) -> None:
+    # Read a line at a time, every line up to the cap was kept: so is it from a block.
+    block = b"a\nbbb\n" + b"c" * 30 + b"\nd"
+    for ranks, rank, kept in (((), None, b"a\nbbb\n"), ((3,), 3, b"[rank 3] a\n")):
+        run = job_run(tmp_path, ranks, limit=20)
+        await run._read_output(chunks_of(block, 100), rank)
+        log_file = run._log_file
+        assert log_file is not None
+        log_file.close()
+        log_path = tmp_path / "alloc-1.log"
+        assert log_path.read_bytes() == kept + NOTICE
+        log_path.unlink()
+        # What was not kept is counted, byte for byte as the log would have held it.
+        as_logged = rank_lines(block, rank) if ranks else block
+        assert log_file.dropped == len(as_logged) - len(kept)
