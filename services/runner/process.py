@@ -174,6 +174,7 @@ class OutputPipe:
         os.set_blocking(fd, False)
         self._fd = fd
         self._loop = asyncio.get_running_loop()
+        self._ready: asyncio.Future[None] | None = None
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """What the job writes, until every process holding the pipe has closed it (or
@@ -194,24 +195,27 @@ class OutputPipe:
             await asyncio.sleep(OUTPUT_PAUSE_S)
 
     async def _readable(self) -> None:
-        ready: asyncio.Future[None] = self._loop.create_future()
-
-        def wake() -> None:
-            if not ready.done():
-                ready.set_result(None)
-
-        self._loop.add_reader(self._fd, wake)
+        """Until the pipe can be read, or ``close``."""
+        self._ready = ready = self._loop.create_future()
+        self._loop.add_reader(self._fd, self._wake)
         try:
             await ready
         finally:
+            self._ready = None
             if self._fd >= 0:
                 self._loop.remove_reader(self._fd)
 
+    def _wake(self) -> None:
+        if self._ready is not None and not self._ready.done():
+            self._ready.set_result(None)
+
     def close(self) -> None:
+        """Close the pipe; a reader waiting on it (``chunks``) ends."""
         if self._fd >= 0:
             self._loop.remove_reader(self._fd)
             os.close(self._fd)
             self._fd = -1
+            self._wake()
 
 
 async def line_blocks(

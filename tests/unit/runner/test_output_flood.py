@@ -7,15 +7,19 @@ to the job's log (one per block of output handled), never timed."""
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+
+import pytest
 
 from trainyard_platform.services.runner.domain import JobIdentity
 from trainyard_platform.services.runner.logstream import CappedFile, rank_lines
 from trainyard_platform.services.runner.process import (
     OUTPUT_LINE_LIMIT,
     JobProcess,
+    OutputPipe,
     RankPipes,
     line_blocks,
 )
@@ -207,3 +211,32 @@ async def test_the_block_that_passes_the_cap_keeps_its_whole_lines_that_fit(
         # What was not kept is counted, byte for byte as the log would have held it.
         as_logged = rank_lines(block, rank) if ranks else block
         assert log_file.dropped == len(as_logged) - len(kept)
+
+
+async def test_closing_a_pipe_ends_its_reader_waiting_for_output(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A writer holds the pipe open and writes nothing: the reader waits for it to be
+    # readable, and ``close`` must end its chunks, not leave it waiting for ever.
+    loop = asyncio.get_running_loop()
+    waiting = asyncio.Event()
+    add_reader = loop.add_reader
+
+    def watched(fd: int, callback: Callable[..., object], *args: object) -> None:
+        add_reader(fd, callback, *args)
+        waiting.set()
+
+    monkeypatch.setattr(loop, "add_reader", watched)
+    read_fd, write_fd = os.pipe()
+    try:
+        pipe = OutputPipe(read_fd)
+
+        async def read_all() -> list[bytes]:
+            return [chunk async for chunk in pipe.chunks()]
+
+        reader = asyncio.create_task(read_all())
+        await waiting.wait()
+        pipe.close()
+        assert await asyncio.wait_for(reader, 30) == []  # a bound for a hang only
+    finally:
+        os.close(write_fd)
