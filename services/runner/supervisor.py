@@ -652,7 +652,8 @@ class JobRun:
         tail: as they are for a job of one process; else each line a line of its own,
         prefixed with ``rank`` (the launcher's own lines, ``rank`` None, without one). Each
         block is handled at once, whatever its number of lines; past ``max_output_bytes``
-        its bytes are only counted as they came (``CappedFile.dropped``), without prefix."""
+        its bytes are only counted as they came (``CappedFile.dropped``), without prefix
+        (but the rest of the block that passes it, prefixed already)."""
         count = self._tail_lines
         async for block in blocks:
             log_file = self._log_file
