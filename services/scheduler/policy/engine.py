@@ -18,6 +18,11 @@ tuple order, give equal decisions):
    earlier in the pass, ``preemption.Reserved``; else its explanation names them). The
    first ``config.reservations`` jobs of each flavor blocked for GPUs (free GPUs, or the
    shared pool of a full cohort) get a reservation that later jobs may not delay. A job that
+   would fit, within its quota, once the GPUs being freed are free (held by no running job:
+   an ended job whose runner is still stopping it, ``Node.teams``) waits for them and
+   preempts no one: they come free without a victim, and one chosen then would be one too
+   many (the victim its own notice already stopped, say). The GPUs it waits for are its
+   own for the rest of the pass (``PolicyState.freeing``). A job that
    has waited ``ageing_s`` for its queue's own quota (nominal or borrowing limit) holds that
    quota: later jobs of its queue and flavor wait behind it (no starvation by a stream of
    smaller jobs).
@@ -162,9 +167,17 @@ class PolicyState:
         held: dict[str, int] = {}
         for r in sorted(snapshot.running, key=_by_job_id):
             self._admit_running(r, held)
+        running_ids = {r.job_id for r in snapshot.running}
+        self.freeing: dict[str, dict[str, int]] = {}
+        """Flavor -> node id -> its GPUs being freed (held by no running job) that no job
+        of the pass waits for yet (``_waits_for_freeing``)."""
         for n in snapshot.nodes:  # holders whose GPUs are being freed: named as any job
             for job_id, team in n.teams.items():
                 self.team_of_job.setdefault(job_id, team)
+            if n.teams:
+                freeing = sum(1 for holder in n.used.values() if holder not in running_ids)
+                if freeing:
+                    self.freeing.setdefault(n.flavor, {})[n.node_id] = freeing
         cluster_gpus = sum(p.total for p in self.pools.values())
         self.fair = FairShare(
             self.quota.queues.values(),
@@ -688,6 +701,8 @@ class PolicyState:
             return
         self._tried.add(key)
         self.tried_at[key] = self._step
+        if self._waits_for_freeing(job, pool, shapes):
+            return
         leaving = [r for r in self.leaving.get(job.flavor, ()) if r.job_id not in self._claimed]
         if not self.config.preemption and not leaving:
             return
@@ -781,6 +796,36 @@ class PolicyState:
         )
         if waiting.reservation is not None:
             self._reserved_on(pool, waiting.reservation)
+
+    def _waits_for_freeing(
+        self, job: PendingJob, pool: FlavorPool, shapes: tuple[Shape, ...]
+    ) -> bool:
+        """Whether ``job`` fits, within its quota, once the GPUs being freed on its flavor's
+        nodes are free: then it waits for them (they are taken from ``freeing`` for the rest
+        of the pass, so that two jobs never wait for the same ones) instead of preempting."""
+        freeing = self.freeing.get(job.flavor)
+        if not freeing:
+            return False
+        if not self.quota.check(job.queue, job.flavor, job.gpus, {}, self.borrows(job)).ok:
+            return False  # its quota, not the GPUs, keeps it waiting: reclaim may apply
+        for count, per in shapes:
+            ready = {n.node_id for _, n in zip(range(count), pool.with_free(per), strict=False)}
+            more = [
+                node_id
+                for node_id, k in sorted(freeing.items())
+                if node_id not in ready
+                and pool.nodes[node_id].free_count < per <= pool.nodes[node_id].free_count + k
+            ]
+            if len(ready) + len(more) < count:
+                continue
+            for node_id in more[: count - len(ready)]:
+                left = freeing[node_id] - (per - pool.nodes[node_id].free_count)
+                if left > 0:
+                    freeing[node_id] = left
+                else:
+                    del freeing[node_id]
+            return True
+        return False
 
     def _reserved_on(self, pool: FlavorPool, reservation: backfill.Reservation) -> None:
         on = self.reserved_nodes.setdefault(pool.flavor, {})

@@ -267,3 +267,39 @@ def test_a_borrower_larger_than_what_its_queue_borrows_is_spared_a_while_then_re
     old = replace(young, started_at=NOW - 4 * HOUR)
     d = schedule(snap((node("n1", 8),), queues, wait, (old,)))
     assert [(p.job_id, p.kind) for p in d.preemptions] == [("rb", "reclaim")]
+
+
+def _freeing(node_id: str, job_id: str, indices: range, team: str) -> Node:
+    """A node whose GPUs ``indices`` are still held by ``job_id``, which ended while its
+    runner stops it (the service's ``convert.stopping_holder``)."""
+    holder = f"{job_id} (stopping: its GPUs are being freed)"
+    return replace(node(node_id), used=dict.fromkeys(indices, holder), teams={job_id: team})
+
+
+def test_a_job_that_fits_once_the_gpus_being_freed_are_free_preempts_no_one() -> None:
+    # low2's notice ran out: its allocation ended, its runner still stops it on GPUs 4-7.
+    nodes = (_freeing("n1", "low2", range(4, 8), "team-a"),)
+    run = (running("low1", "a", {"n1": 4}, priority="low", started=NOW - 2000),)
+    pend = (pending("hi", "a", gpus=4, priority="high"),)
+    d = schedule(snap(nodes, (queue("a", nominal=8),), pend, run))
+    assert d.preemptions == ()
+    assert d.placements == ()
+    assert "held by low1 and low2 (stopping: its GPUs are being freed)" in (
+        d.explanations["hi"].reason
+    )
+
+
+def test_two_jobs_never_wait_for_the_same_gpus_being_freed() -> None:
+    nodes = (_freeing("n1", "gone", range(4, 8), "team-a"), node("n2"))
+    queues = (queue("a", nominal=8), queue("b", nominal=12))  # quota for both
+    run = (
+        running("low-a", "a", {"n1": 4}, priority="low", started=NOW - 2000),
+        running("low-b", "b", {"n2": 8}, priority="low", started=NOW - 2000),
+    )
+    pend = (
+        pending("hi-a", "a", gpus=4, priority="high"),
+        pending("hi-b", "b", gpus=4, priority="high"),
+    )
+    d = schedule(snap(nodes, queues, pend, run))
+    # One of them waits for the 4 GPUs being freed; the other needs a victim of its queue.
+    assert len(d.preemptions) == 1
