@@ -227,10 +227,19 @@ CATALOGUE: Final = _specs(
         "trainyard.scheduler.gpus",
         "gauge",
         "{gpu}",
-        "GPUs by flavor and state: allocated (leased to a job), idle (on a ready node, "
+        "GPUs by flavor and state: allocated (leased to a job), stopping (still leased to "
+        "an ended allocation while its runner stops the job), idle (on a ready node, "
         "free), cordoned (free on a cordoned node: no job is placed there), lost (on a node "
         "that stopped heartbeating)",
         ("flavor", "state"),
+    ),
+    MetricSpec(
+        "trainyard.scheduler.gpus.stopping_for",
+        "gauge",
+        "s",
+        "Seconds the oldest GPU of the flavor still leased to an ended allocation (state "
+        "stopping) has been held since it ended; 0 when none is",
+        ("flavor",),
     ),
     MetricSpec(
         "trainyard.scheduler.nodes",

@@ -27,19 +27,28 @@ GROUP BY q.name"""
 
 _GPUS = """SELECT n.gpu_flavor AS flavor, n.status, n.cordoned_at IS NOT NULL AS cordoned,
        sum(n.gpu_count) AS gpus,
-       coalesce(sum(l.leased), 0) AS leased
+       coalesce(sum(l.leased), 0) AS leased,
+       coalesce(sum(l.stopping), 0) AS stopping,
+       coalesce(extract(epoch FROM now() - min(l.stopping_since)), 0) AS stopping_for
 FROM nodes n
-LEFT JOIN (SELECT node_id, count(*) AS leased FROM gpu_leases WHERE released_at IS NULL
+LEFT JOIN (SELECT node_id, count(*) AS leased,
+                  count(*) FILTER (WHERE stopping_since IS NOT NULL) AS stopping,
+                  min(stopping_since) AS stopping_since
+           FROM gpu_leases WHERE released_at IS NULL
            GROUP BY node_id) l USING (node_id)
 WHERE n.retired_at IS NULL AND n.gpu_flavor <> ''
 GROUP BY n.gpu_flavor, n.status, n.cordoned_at IS NOT NULL"""
 
-GPU_STATES = ("allocated", "idle", "cordoned", "lost")
+GPU_STATES = ("allocated", "stopping", "idle", "cordoned", "lost")
 """Every state of ``trainyard.scheduler.gpus``, each reported for every flavor a node has
 (0 where none): before, a flavor whose nodes were all lost lost its ``allocated`` and
 ``idle`` series, and its ``lost`` series vanished once they came back. The free GPUs of a
 cordoned node are ``cordoned``, not ``idle``: no job can be placed on them, and counted
 idle they set off ``TrainyardGPUsIdleWhileJobsWait`` for as long as a node was cordoned.
+``stopping``: GPUs still leased to an allocation that ended while its runner stops the job
+(``leases``, ``gpu_leases.stopping_since``), neither a job's nor free; counted
+``allocated`` they hid GPUs held for a runner that never said it stopped, and
+``trainyard.scheduler.gpus.stopping_for`` says how long the oldest of them has been held.
 A retired node (``admin.retire_node``) counts in no state: its GPUs are gone for good, and
 counted ``lost`` they kept ``TrainyardGPUsLost`` firing forever."""
 
@@ -103,13 +112,21 @@ def scheduler_readings(sampler: Sampler, pool: asyncpg.Pool) -> None:
                 flavor["lost"] += float(r["gpus"])
                 continue
             leased = float(r["leased"])
-            flavor["allocated"] += leased
+            flavor["allocated"] += leased - float(r["stopping"])
+            flavor["stopping"] += float(r["stopping"])
             flavor["cordoned" if r.get("cordoned") else "idle"] += float(r["gpus"]) - leased
         return [
             (n, {"flavor": flavor, "state": state})
             for flavor, states in counts.items()
             for state, n in states.items()
         ]
+
+    async def stopping_for() -> Readings:
+        oldest: dict[str, float] = {}
+        for r in await fetch(_GPUS):
+            flavor = r["flavor"]
+            oldest[flavor] = max(oldest.get(flavor, 0.0), float(r["stopping_for"]))
+        return [(seconds, {"flavor": flavor}) for flavor, seconds in oldest.items()]
 
     async def nodes() -> Readings:
         counts = {"ready": 0.0, "lost": 0.0}
@@ -144,6 +161,7 @@ def scheduler_readings(sampler: Sampler, pool: asyncpg.Pool) -> None:
     sampler.gauge("trainyard.scheduler.queue.depth", depth)
     sampler.gauge("trainyard.scheduler.queue.oldest_wait", oldest)
     sampler.gauge("trainyard.scheduler.gpus", gpus)
+    sampler.gauge("trainyard.scheduler.gpus.stopping_for", stopping_for)
     sampler.gauge("trainyard.scheduler.nodes", nodes)
     sampler.gauge("trainyard.scheduler.nodes.cordoned", cordoned)
     sampler.gauge("trainyard.scheduler.nodes.capped", capped)

@@ -88,7 +88,7 @@ async def test_free_gpus_of_a_cordoned_node_are_not_idle(scheduler: Scheduler) -
         if metric.name == "trainyard.scheduler.gpus"
         for point in metric.data.data_points  # type: ignore[union-attr]
     }
-    assert gpus == {"allocated": 0, "idle": 1, "cordoned": 2, "lost": 0}
+    assert gpus == {"allocated": 0, "stopping": 0, "idle": 1, "cordoned": 2, "lost": 0}
 
 
 async def test_a_grant_records_its_job_s_wait_in_its_queue(scheduler: Scheduler) -> None:

@@ -9,11 +9,14 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from tests.integration.scheduler.conftest import Scheduler, preempted
 from trainyard_platform.services.scheduler import repository as repo
 from trainyard_platform.services.scheduler.convert import stopping_holder
 from trainyard_platform.services.scheduler.leases import CANCEL_STOP_REASON
+from trainyard_platform.services.scheduler.metrics import scheduler_readings
 from trainyard_platform.services.scheduler.schemas import queue_view
 from trainyard_platform.shared.events.payloads import (
     AllocationGranted,
@@ -24,6 +27,7 @@ from trainyard_platform.shared.events.payloads import (
     JobPending,
     RunnerHeartbeat,
 )
+from trainyard_platform.shared.metrics_sampler import Sampler
 
 pytestmark = pytest.mark.integration
 
@@ -139,3 +143,53 @@ async def test_a_heartbeat_sent_after_the_end_without_the_allocation_frees_its_g
     grants = await scheduler.wait_for(AllocationGranted, lambda g: g.job_id == "job-2", count=2)
     assert sorted(g.node_id for g in grants) == ["n1", "n2"]
     assert await held(scheduler) == []
+
+
+async def gauges(scheduler: Scheduler) -> dict[tuple[str, ...], float]:
+    """The scheduler's GPU gauges for flavor ``cpu``, sampled once from the database: each
+    state of ``trainyard.scheduler.gpus``, and ``stopping_for``."""
+    reader = InMemoryMetricReader()
+    sampler = Sampler(meter=MeterProvider(metric_readers=[reader]).get_meter("test"))
+    scheduler_readings(sampler, scheduler.pool)
+    await sampler.sample_once()
+    data = reader.get_metrics_data()
+    assert data is not None
+    return {
+        (metric.name.rsplit(".", 1)[-1], *(str(v) for k, v in attrs.items() if k != "flavor")): (
+            float(point.value)  # type: ignore[union-attr]
+        )
+        for resource in data.resource_metrics
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+        if metric.name.startswith("trainyard.scheduler.gpus")
+        for point in metric.data.data_points  # type: ignore[union-attr]
+        for attrs in [dict(point.attributes or {})]
+        if attrs.get("flavor") == "cpu"
+    }
+
+
+async def test_operators_see_gpus_held_for_an_ended_allocation_and_for_how_long(
+    scheduler: Scheduler,
+) -> None:
+    # Before: counted "allocated", GPUs held for a runner that never said it stopped looked
+    # like a running job's, and nothing said how long they had been held.
+    _, on_n2, _ = await cancelled_gang_still_stopping_on_n2(scheduler)
+    await scheduler.pool.execute(
+        "UPDATE gpu_leases SET stopping_since = now() - interval '10 minutes' "
+        "WHERE stopping_since IS NOT NULL AND released_at IS NULL"
+    )
+    read = await gauges(scheduler)
+    assert {k: v for k, v in read.items() if k[0] == "gpus"} == {
+        ("gpus", "allocated"): 0,
+        ("gpus", "stopping"): 2,
+        ("gpus", "idle"): 2,
+        ("gpus", "cordoned"): 0,
+        ("gpus", "lost"): 0,
+    }
+    assert read[("stopping_for",)] >= 600
+
+    await scheduler.send(preempted(on_n2, CANCEL_STOP_REASON), "job-1")
+    await scheduler.wait_for(AllocationGranted, lambda g: g.job_id == "job-2", count=2)
+    read = await gauges(scheduler)
+    assert (read[("gpus", "allocated")], read[("gpus", "stopping")]) == (4, 0)
+    assert read[("stopping_for",)] == 0

@@ -18,8 +18,23 @@ from trainyard_platform.services.scheduler.metrics import scheduler_readings
 from trainyard_platform.shared.metrics_sampler import Sampler
 
 GPUS = [
-    {"flavor": "h100", "status": "READY", "gpus": 8, "leased": 3},
-    {"flavor": "a100", "status": "LOST", "gpus": 8, "leased": 0},
+    # 3 leased, 1 of them to an ended allocation its runner has been stopping for 90 s.
+    {
+        "flavor": "h100",
+        "status": "READY",
+        "gpus": 8,
+        "leased": 3,
+        "stopping": 1,
+        "stopping_for": 90.0,
+    },
+    {
+        "flavor": "a100",
+        "status": "LOST",
+        "gpus": 8,
+        "leased": 0,
+        "stopping": 0,
+        "stopping_for": 0.0,
+    },
 ]
 
 
@@ -64,12 +79,19 @@ async def test_every_terminal_state_is_reported_from_zero() -> None:
 async def test_every_gpu_state_of_every_flavor_is_reported_lost_nodes_too() -> None:
     gpus = await sample("trainyard.scheduler.gpus")
     assert gpus == {
-        ("h100", "allocated"): 3,
+        ("h100", "allocated"): 2,
+        ("h100", "stopping"): 1,
         ("h100", "idle"): 5,
         ("h100", "cordoned"): 0,
         ("h100", "lost"): 0,
         ("a100", "allocated"): 0,
+        ("a100", "stopping"): 0,
         ("a100", "idle"): 0,
         ("a100", "cordoned"): 0,
         ("a100", "lost"): 8,
     }
+
+
+async def test_gpus_held_for_an_ended_allocation_say_how_long_by_flavor() -> None:
+    stopping_for = await sample("trainyard.scheduler.gpus.stopping_for")
+    assert stopping_for == {("h100",): 90.0, ("a100",): 0.0}
