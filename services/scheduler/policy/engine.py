@@ -175,7 +175,11 @@ class PolicyState:
             for job_id, team in n.teams.items():
                 self.team_of_job.setdefault(job_id, team)
             if n.teams:
-                freeing = sum(1 for holder in n.used.values() if holder not in running_ids)
+                freeing = sum(  # (a GPU past the node's count, shrunk since, is none)
+                    1
+                    for index, holder in n.used.items()
+                    if holder not in running_ids and index < n.gpu_count
+                )
                 if freeing:
                     self.freeing.setdefault(n.flavor, {})[n.node_id] = freeing
         cluster_gpus = sum(p.total for p in self.pools.values())

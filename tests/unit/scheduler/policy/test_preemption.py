@@ -303,3 +303,14 @@ def test_two_jobs_never_wait_for_the_same_gpus_being_freed() -> None:
     d = schedule(snap(nodes, queues, pend, run))
     # One of them waits for the 4 GPUs being freed; the other needs a victim of its queue.
     assert len(d.preemptions) == 1
+
+
+def test_gpus_being_freed_past_the_count_of_a_node_shrunk_since_are_waited_for_by_no_one() -> None:
+    # n1 has 4 GPUs now (its declaration shrank it): GPUs 4-7, still held, never come back.
+    nodes = (_freeing("n1", "gone", range(4, 8), "team-a"),)
+    nodes = (replace(nodes[0], gpu_count=4),)
+    run = (running("low1", "a", {"n1": 4}, priority="low", started=NOW - 2000),)
+    d = schedule(
+        snap(nodes, (queue("a", nominal=8),), (pending("hi", "a", 4, priority="high"),), run)
+    )
+    assert [(p.job_id, p.kind) for p in d.preemptions] == [("low1", "priority")]
