@@ -41,6 +41,12 @@ Contract:
   (``identity.replay_token``): the same request answers 200 with that token without its
   secret (``"token": null``; only its hash is stored), a different one 409 naming the
   header; spent as a submission's retry (a read; anything else a write).
+- ``POST /v1/tokens/rotate`` with an ``Idempotency-Key``: its retry presents the token the
+  rotation revoked, which the guard lets into this route alone, under that key, within
+  ``identity.ROTATION_REPLAY_WINDOW`` (``identity.authenticate_rotation_replay``); the
+  same request answers 200 with the token the rotation made and a new secret, the lost
+  one dead (``identity.replay_rotation``), a different one 409 naming the header. A write
+  either way: the retry stores a secret's hash.
 - Code bundles are per team: ``HEAD /v1/bundles/{sha256}`` answers 200 when the caller's
   team has uploaded it, else 404; ``PUT /v1/bundles/{sha256}`` stores the body after
   checking that its sha256 is the one in the path and that it is a bundle a runner unpacks
@@ -136,6 +142,7 @@ from trainyard_platform.services.submission.ratelimit import (
 from trainyard_platform.services.submission.reproduce import reproduce_job
 from trainyard_platform.services.submission.schemas import (
     ID_PREFIX_PATTERN,
+    IDEMPOTENCY_KEY,
     LABEL_FILTER_PATTERN,
     NAME_PATTERN,
     BundleStored,
@@ -271,6 +278,9 @@ FrontDoor = NamedDependency[Front]
 
 _SCREENED = "trainyard_screened"
 _REMEMBERED = "trainyard_remembered_callers"
+_ROTATION_RETRY = "trainyard_rotation_retry"
+"""A route's ``opt``: a token revoked by a rotation may call it for that rotation's retry
+(``caller_guard``): ``POST /v1/tokens/rotate`` alone."""
 
 
 def screened(role: Role, remembered: bool = False) -> dict[str, Any]:
@@ -499,14 +509,33 @@ async def create_token(
     "/tokens/rotate",
     status_code=201,
     request_max_body_size=None,
+    # The one route a token revoked by a rotation may call: that rotation's retry.
+    opt={_ROTATION_RETRY: True},
     operation_class=json_request_body(TokenRequest),
-    responses=error_responses(409, 413, 415),
+    responses={
+        200: ResponseSpec(
+            TokenCreated,
+            description="the retry of a rotation under its Idempotency-Key, presenting the "
+            "token it revoked: the token it made, with a new secret (the lost one dead), or "
+            "token: null when that token was revoked or expired since",
+            generate_examples=False,
+        ),
+        **error_responses(409, 413, 415),
+    },
 )
 async def rotate_token(
-    request: AnyRequest, pool: Pool, caller: Me, settings: Config
-) -> TokenCreated:
+    request: AnyRequest, pool: Pool, caller: Me, settings: Config, key: IdempotencyKey = None
+) -> Response[TokenCreated]:
+    """Replace the token presented (201, the new secret in ``token``; the old one revoked).
+    Its retry under the same ``Idempotency-Key``, presenting the revoked token, answers 200
+    with the token it made and a new secret (``identity.rotate_token`` says why)."""
     body = parse_body(TokenRequest, await json_body(request))
-    return await identity.rotate_token(pool, caller, body, settings.token_ttl_days)
+    key = parse_idempotency_key(key)
+    if caller.replaced_by is not None:
+        assert key is not None  # the guard let it in on its key
+        return Response(await identity.replay_rotation(pool, caller, body, key), status_code=200)
+    made = await identity.rotate_token(pool, caller, body, settings.token_ttl_days, key)
+    return Response(made, status_code=201)
 
 
 @delete("/tokens/{token_id:int}", status_code=204, responses=error_responses(404))
@@ -1040,6 +1069,8 @@ def caller_guard(
             caller, state[_SCREENING] = found
         else:
             plain = await identity.authenticate(pool, token)
+            if plain is None and handler.opt.get(_ROTATION_RETRY):
+                plain = await _rotation_retry(connection, pool, token)
             if plain is None:
                 raise NotAuthorizedException(UNAUTHENTICATED)
             caller = plain
@@ -1058,6 +1089,19 @@ def _client_address(connection: ASGIConnection[Any, Any, Any, Any]) -> str:
     its ``X-Forwarded-For`` names. No other header is read."""
     client = connection.client
     return client.host if client is not None else "unknown"
+
+
+async def _rotation_retry(
+    connection: ASGIConnection[Any, Any, Any, Any], pool: asyncpg.Pool, token: str
+) -> identity.Caller | None:
+    """The caller of a token that is not valid, on ``POST /v1/tokens/rotate`` alone, when
+    the request is the retry of the rotation that revoked it under its ``Idempotency-Key``
+    (``identity.authenticate_rotation_replay``); None otherwise (a key that is not one
+    included: the 401 of any token that is not valid)."""
+    key = connection.headers.get("Idempotency-Key")
+    if key is None or not IDEMPOTENCY_KEY.fullmatch(key):
+        return None
+    return await identity.authenticate_rotation_replay(pool, token, key)
 
 
 _CALLER = "trainyard_caller"

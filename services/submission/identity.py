@@ -17,7 +17,12 @@ Contract:
   secret (never stored), a different request under the key is a ``Conflict`` naming it.
 - Rotation issues a new token with the old one's label and revokes the presented one, in
   one transaction: a client that got the answer holds a working token, and the old one is
-  dead.
+  dead for every request from then on but one, the retry of that rotation. Under an
+  ``Idempotency-Key`` (``rotate_token``, ``replay_rotation``) a client whose answer was
+  lost presents the revoked token again with the same key and request, within
+  ``ROTATION_REPLAY_WINDOW`` of the rotation (``authenticate_rotation_replay``), and is
+  given the new token with a new secret, the lost one dead: never left holding no
+  working secret, never holding two.
 - A user's role change and disabling are conditional (``shared.http_app.Preconditions``)
   on its ``user_tag``, the ``ETag`` of ``GET /v1/admin/users/{name}``: with ``If-Match:
   <it>`` only while the user is as it was read (412 otherwise, nothing changed).
@@ -36,7 +41,7 @@ Contract:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from functools import cached_property
 
@@ -52,6 +57,7 @@ from trainyard_platform.services.submission.identity_schemas import (
     TokenRequest,
     TokenView,
     UserView,
+    rotation_fingerprint,
     token_request_fingerprint,
 )
 from trainyard_platform.services.submission.schemas import (
@@ -87,6 +93,9 @@ class Caller:
     token_id: int
     token_name: str = "default"
     expires_at: datetime | None = None
+    replaced_by: int | None = None
+    """Set only for a token revoked by a rotation, let in for that rotation's retry alone
+    (``authenticate_rotation_replay``): the token the rotation made."""
 
     @cached_property
     def principal(self) -> Principal:
@@ -117,6 +126,31 @@ async def authenticate(pool: asyncpg.Pool, token: str) -> Caller | None:
     async with pool.acquire() as conn:
         row = await repo.caller_by_token(conn, hash_token(token))
     return None if row is None else caller_of(row)
+
+
+ROTATION_REPLAY_WINDOW = timedelta(minutes=15)
+"""How long after a rotation under an ``Idempotency-Key`` the token it revoked is let in
+for that rotation's retry (``authenticate_rotation_replay``). Other keys have no window:
+they live as long as what they made, since their replay hands out no credential; this one's
+does, so it is as short as a client's retries need (the CLI's take seconds)."""
+
+
+async def authenticate_rotation_replay(
+    pool: asyncpg.Pool, token: str, idempotency_key: str
+) -> Caller | None:
+    """The caller of a token that is not valid (``authenticate`` said None) only when it is
+    exactly a rotation's retry: the token was revoked by a rotation made under
+    ``idempotency_key``, no longer than ``ROTATION_REPLAY_WINDOW`` ago, and its user is
+    enabled. The caller's ``replaced_by`` names the token that rotation made; the API lets
+    such a caller into ``POST /v1/tokens/rotate`` alone, and ``replay_rotation`` then
+    checks that the request is the one the key made. None for anything else, so a revoked
+    token presented with a guessed key, or after the window, is refused as before."""
+    since = datetime.now(UTC) - ROTATION_REPLAY_WINDOW
+    async with pool.acquire() as conn:
+        row = await repo.caller_by_rotated_token(conn, hash_token(token), idempotency_key, since)
+    if row is None:
+        return None
+    return replace(caller_of(row), replaced_by=row["successor_id"])
 
 
 async def authenticate_screened(
@@ -534,13 +568,7 @@ async def replay_token(
     if row is None:
         return None
     if row["request_fingerprint"] != token_request_fingerprint(request):
-        reason = f"already used for a different request, which created token {row['id']}"
-        raise Conflict(  # the detail holds the field's message: a client says it once
-            f"this Idempotency-Key was {reason}: a retry sends that request unchanged; a new "
-            "token needs a new key",
-            field="Idempotency-Key",
-            message=reason,
-        )
+        raise _key_used(f"already used for a different request, which created token {row['id']}")
     return TokenCreated(
         id=row["id"],
         name=row["name"],
@@ -558,20 +586,98 @@ async def rotate_token(
     caller: Caller,
     request: TokenRequest,
     ttl_days: int | None,
+    idempotency_key: str | None = None,
 ) -> TokenCreated:
     """A new token replacing the one the caller presented, which is revoked: never held to
     the live-token bounds, since it leaves the count as it was (a user or team past them,
     its tokens issued before them or a bound lowered since, may still rotate one it fears
-    leaked)."""
+    leaked). Under an ``idempotency_key`` the new token keeps the key, the request's
+    ``rotation_fingerprint`` and the token it replaces, so that the rotation's retry is
+    recognised (``replay_rotation``); a key the caller used before for anything else is
+    ``Conflict`` naming it, nothing changed.
+
+    Why a retry is answered with a new secret, not ``"token": null`` as ``POST /v1/tokens``
+    is: a client that lost this answer holds only the token just revoked. Told which token
+    was made but not its secret, it could neither use that token nor rotate again: locked
+    out, an admin's to fix if it was its only token. An overlap instead (the old token kept
+    working until the new one is first used or a grace period ends) would leave the token a
+    user rotates because it leaked working for everyone meanwhile. So the old token dies at
+    once for every request but the one retry, which must present it with the key and the
+    same request within ``ROTATION_REPLAY_WINDOW``: whoever can send that held the old
+    token and the key, and sending it before the rotation would have given them a token
+    too; whoever captured the rotation's request (it carries both) could as well have
+    captured its answer. The retry gives the new token a new secret and kills the one lost,
+    so the token never has two."""
+    name = request.name or caller.token_name
+    keyed = (
+        (None, None)
+        if idempotency_key is None
+        else (idempotency_key, rotation_fingerprint(request, name, caller.token_id))
+    )
+    try:
+        async with pool.acquire() as conn, conn.transaction():
+            if not await repo.revoke_token(conn, caller.token_id, datetime.now(UTC)):
+                raise Conflict(
+                    "this token was revoked meanwhile",
+                    field="Authorization",
+                    message="the token presented was revoked meanwhile; no new token was issued",
+                )
+            return await _issue(conn, caller, name, request, ttl_days, None, "rotate token", keyed)
+    except asyncpg.UniqueViolationError as exc:
+        if idempotency_key is None or exc.constraint_name != "tokens_idempotency_key":
+            raise
+    async with pool.acquire() as conn:
+        row = await repo.token_by_idempotency_key(conn, caller.user_id, idempotency_key)
+    made = "a token" if row is None else f"token {row['id']}"
+    raise _key_used(f"already used for a different request, which made {made}")
+
+
+async def replay_rotation(
+    pool: asyncpg.Pool, caller: Caller, request: TokenRequest, idempotency_key: str
+) -> TokenCreated:
+    """The retry of a rotation whose answer was lost: ``caller`` is the token that rotation
+    revoked (``authenticate_rotation_replay``; its ``replaced_by`` the token it made). The
+    same request (``rotation_fingerprint``) answers that token with a new secret, the one
+    in the lost answer dead from now on, audited as ``reissue token``; a different one is
+    ``Conflict`` naming the header. A token revoked or expired since has no secret to give:
+    it is answered as it is, with ``token`` None and its ``revoked_at``."""
+    assert caller.replaced_by is not None
     async with pool.acquire() as conn, conn.transaction():
-        if not await repo.revoke_token(conn, caller.token_id, datetime.now(UTC)):
-            raise Conflict(
-                "this token was revoked meanwhile",
-                field="Authorization",
-                message="the token presented was revoked meanwhile; no new token was issued",
-            )
+        row = await repo.token_by_idempotency_key(conn, caller.user_id, idempotency_key)
+        assert row is not None and row["id"] == caller.replaced_by
         name = request.name or caller.token_name
-        return await _issue(conn, caller, name, request, ttl_days, None, "rotate token")
+        if row["request_fingerprint"] != rotation_fingerprint(request, name, caller.token_id):
+            raise _key_used(f"already used for a different request, which made token {row['id']}")
+        token, token_hash = new_token()
+        reissued = await repo.reissue_token(conn, row["id"], token_hash)
+        if reissued:
+            await audit.record(
+                conn,
+                caller.principal,
+                "reissue token",
+                f"{caller.team}/{caller.user}",
+                {"token_id": row["id"], "replaces": caller.token_id},
+            )
+    return TokenCreated(
+        id=row["id"],
+        name=row["name"],
+        user=caller.user,
+        team=caller.team,
+        created_at=row["created_at"],
+        expires_at=row["expires_at"],
+        token=token if reissued else None,
+        revoked_at=row["revoked_at"],
+    )
+
+
+def _key_used(reason: str) -> Conflict:
+    """The 409 of an ``Idempotency-Key`` sent with a request other than the one it made."""
+    return Conflict(  # the detail holds the field's message: a client says it once
+        f"this Idempotency-Key was {reason}: a retry sends that request unchanged; a new "
+        "token needs a new key",
+        field="Idempotency-Key",
+        message=reason,
+    )
 
 
 async def _issue(
@@ -600,7 +706,14 @@ async def _issue(
     token, token_hash = new_token()
     days = request.expires_in_days or ttl_days
     row = await repo.insert_token(
-        conn, token_hash, caller.user_id, name, _expiry(days), caller.user_id, *keyed
+        conn,
+        token_hash,
+        caller.user_id,
+        name,
+        _expiry(days),
+        caller.user_id,
+        *keyed,
+        caller.token_id if action == "rotate token" else None,
     )
     await audit.record(
         conn,

@@ -26,6 +26,39 @@ async def caller_by_token(conn: asyncpg.Connection, token_hash: str) -> asyncpg.
     )
 
 
+async def caller_by_rotated_token(
+    conn: asyncpg.Connection, token_hash: str, idempotency_key: str, since: datetime
+) -> asyncpg.Record | None:
+    """As ``caller_by_token``, for a token that is revoked because a rotation under
+    ``idempotency_key`` replaced it at ``since`` or later (its user still enabled); with the
+    new token's ``successor_id``. Only a rotation sets ``replaces``, and it revokes the
+    token it names in the same transaction."""
+    return await conn.fetchrow(
+        """SELECT u.id AS user_id, u.name AS user_name, u.role, t.id AS team_id,
+                  t.name AS team_name, k.id AS token_id, k.name AS token_name, k.expires_at,
+                  s.id AS successor_id
+           FROM tokens k JOIN users u ON u.id = k.user_id JOIN teams t ON t.id = u.team_id
+                JOIN tokens s ON s.replaces = k.id AND s.user_id = k.user_id
+           WHERE k.token_hash = $1 AND k.revoked_at IS NOT NULL AND u.disabled_at IS NULL
+             AND s.idempotency_key = $2 AND s.created_at >= $3""",
+        token_hash,
+        idempotency_key,
+        since,
+    )
+
+
+async def reissue_token(conn: asyncpg.Connection, token_id: int, token_hash: str) -> bool:
+    """Give a live (unrevoked, unexpired) token a new secret (``token_hash``): the old one
+    stops working at once. False when the token is not live."""
+    done = await conn.fetchval(
+        """UPDATE tokens SET token_hash = $2 WHERE id = $1 AND revoked_at IS NULL
+             AND (expires_at IS NULL OR expires_at > now()) RETURNING true""",
+        token_id,
+        token_hash,
+    )
+    return bool(done)
+
+
 async def caller_and_screening(
     conn: asyncpg.Connection, token_hash: str, month: str
 ) -> asyncpg.Record | None:
@@ -177,14 +210,17 @@ async def insert_token(
     created_by: int | None,
     idempotency_key: str | None = None,
     request_fingerprint: str | None = None,
+    replaces: int | None = None,
 ) -> asyncpg.Record:
     """Insert a token (its hash); with ``idempotency_key`` (and the request's
     ``request_fingerprint``) a second token of the user under that key raises
-    ``asyncpg.UniqueViolationError`` (``tokens_idempotency_key``)."""
+    ``asyncpg.UniqueViolationError`` (``tokens_idempotency_key``). ``replaces``: the token
+    a rotation revoked for it."""
     row = await conn.fetchrow(
         """INSERT INTO tokens (token_hash, user_id, name, expires_at, created_by,
-                               idempotency_key, request_fingerprint)
-           VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id, name, created_at, expires_at""",
+                               idempotency_key, request_fingerprint, replaces)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+           RETURNING id, name, created_at, expires_at""",
         token_hash,
         user_id,
         name,
@@ -192,6 +228,7 @@ async def insert_token(
         created_by,
         idempotency_key,
         request_fingerprint,
+        replaces,
     )
     assert row is not None
     return row
@@ -202,7 +239,7 @@ async def token_by_idempotency_key(
 ) -> asyncpg.Record | None:
     """The token the user made under ``idempotency_key``, with its request's fingerprint."""
     return await conn.fetchrow(
-        """SELECT id, name, created_at, expires_at, revoked_at, request_fingerprint
+        """SELECT id, name, created_at, expires_at, revoked_at, request_fingerprint, replaces
            FROM tokens WHERE user_id = $1 AND idempotency_key = $2""",
         user_id,
         idempotency_key,

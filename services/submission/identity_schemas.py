@@ -52,6 +52,15 @@ def token_request_fingerprint(request: TokenRequest) -> str:
     return sha256_of_json({"$request": "POST /v1/tokens", **fields})
 
 
+def rotation_fingerprint(request: TokenRequest, name: str, replaces: int) -> str:
+    """What identifies a ``POST /v1/tokens/rotate`` under an ``Idempotency-Key``: as
+    ``token_request_fingerprint``, with the token rotated (``replaces``), so that a key names
+    one rotation of one token. ``name`` is the new token's: the one sent, or the rotated
+    token's when left out (the same request either way)."""
+    fields = {"name": name, "expires_in_days": request.expires_in_days, "replaces": replaces}
+    return sha256_of_json({"$request": "POST /v1/tokens/rotate", **fields})
+
+
 class TokenCreated(BaseModel):
     id: int
     name: str
