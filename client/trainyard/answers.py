@@ -220,10 +220,10 @@ ME: Shape = {
 TOKENS: Shape = [
     {"id": INT, "name": STR, "user": STR, "expires_at": Opt(TIME), "revoked_at": Opt(TIME)}
 ]
-TOKEN_MADE: Shape = {"token": STR}
 TOKEN_CREATED: Shape = {"id": INT, "token": Opt(STR)}
-"""``POST /v1/tokens``: ``token`` is null in the answer to a retry under the
-``Idempotency-Key`` that made it (its secret is not kept)."""
+"""``POST /v1/tokens`` and ``/v1/tokens/rotate``: ``token`` is null in the answer to a
+creation's retry under the ``Idempotency-Key`` that made it (its secret is not kept), and
+to a rotation's whose new token was revoked or expired since."""
 USERS: Shape = [{"name": STR, "role": STR, "disabled_at": Opt(TIME)}]
 USER: Shape = {"role": STR, "token": STR}
 AUDIT: Shape = [{"id": INT, "at": TIME, "actor": STR, "action": STR, "target": STR}]
@@ -617,7 +617,7 @@ ROUTES: dict[tuple[str, str], Shape] = {
     ("GET", "/v1/me"): ME,
     ("GET", "/v1/tokens"): TOKENS,
     ("POST", "/v1/tokens"): TOKEN_CREATED,
-    ("POST", "/v1/tokens/rotate"): TOKEN_MADE,
+    ("POST", "/v1/tokens/rotate"): TOKEN_CREATED,
     ("GET", "/v1/admin/users"): USERS,
     ("POST", "/v1/admin/users"): USER,
     ("PATCH", "/v1/admin/users/*"): USER,

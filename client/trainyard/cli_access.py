@@ -23,9 +23,11 @@ auditor's export of any size, never held in memory. A refusal, or an export that
 is an error (exit non-zero) after the lines already written.
 
 A new token is printed once, alone on stdout with ``--json`` off, so that
-``export TRAINYARD_TOKEN=$(trainyard token rotate)`` works. ``token create`` sends its
-request under an ``Idempotency-Key`` and sends it again when no answer came or the API was
-away, never making a second token for one it lost the answer of (``create_token``).
+``export TRAINYARD_TOKEN=$(trainyard token rotate)`` works. ``token create`` and ``token
+rotate`` send their request under an ``Idempotency-Key`` and send it again when no answer
+came or the API was away: ``create`` never makes a second token for one it lost the answer
+of (``create_token``), ``rotate`` never leaves the user without a working token
+(``rotate_token``).
 
 ``user show`` prints the user's ``etag`` last (the submission API's ``ETag``; with ``--json``
 on stderr, ``cli_base.emit_tagged``); ``user role`` and ``user disable`` with ``--if-match
@@ -161,15 +163,16 @@ def _token(client: TrainyardClient, args: argparse.Namespace, as_json: bool) -> 
     if args.action == "create":
         made = create_token(client, args.name, args.days)
     else:
-        made = client.rotate_token(name=args.name, days=args.days)
+        made = rotate_token(client, args.name, args.days)
     return made if as_json else str(made["token"])
 
 
 TOKEN_TRIES = 3
-"""How many requests ``token create`` sends at most, for its answer lost or the API away."""
+"""How many requests ``token create`` or ``rotate`` sends at most, for its answer lost or
+the API away."""
 TOKEN_PAUSE_S = 1.0
-"""How long ``token create`` waits before its first retry (then twice as long each time,
-or what the API's ``Retry-After`` says, up to ``TOKEN_PAUSE_MAX_S``)."""
+"""How long ``token create`` or ``rotate`` waits before its first retry (then twice as long
+each time, or what the API's ``Retry-After`` says, up to ``TOKEN_PAUSE_MAX_S``)."""
 TOKEN_PAUSE_MAX_S = 30.0
 AWAY = frozenset({502, 503, 504})
 """Statuses of an API that is away for a while, whose request is sent again."""
@@ -182,17 +185,12 @@ def create_token(client: TrainyardClient, name: str | None, days: int | None) ->
     most. A retry of a request the server did make answers that token without its secret
     (only its hash is kept): nobody holds that secret, so the token is revoked, not left
     live, and another is made under a new key. Any other refusal is raised at once."""
-    key, pause = _token_key(), TOKEN_PAUSE_S
+    key, pause = _token_key("create"), TOKEN_PAUSE_S
     for attempt in range(1, TOKEN_TRIES + 1):
         try:
             made = client.create_token(name=name, days=days, idempotency_key=key)
         except TrainyardError as exc:
-            if attempt == TOKEN_TRIES or not (isinstance(exc, NoAnswer) or exc.status in AWAY):
-                raise
-            wait = pause if exc.retry_after is None else min(exc.retry_after, TOKEN_PAUSE_MAX_S)
-            note(f"{exc}; trying again in {wait:g} s under the same Idempotency-Key")
-            time.sleep(wait)
-            pause = min(2 * pause, TOKEN_PAUSE_MAX_S)
+            pause = _pause_or_raise(exc, attempt, pause)
             continue
         if made["token"] is not None:
             return made
@@ -204,13 +202,50 @@ def create_token(client: TrainyardClient, name: str | None, days: int | None) ->
         if attempt == TOKEN_TRIES:
             raise CliError(f"{lost}; no token was made: run the command again")
         note(f"{lost}; making another")
-        key = _token_key()
+        key = _token_key("create")
     raise AssertionError("unreachable: the last try returns or raises")
 
 
-def _token_key() -> str:
+def rotate_token(client: TrainyardClient, name: str | None, days: int | None) -> dict[str, Any]:
+    """``token rotate``: ``POST /v1/tokens/rotate`` under an ``Idempotency-Key`` of its own,
+    sent again as ``create_token`` sends its request, presenting the same token. A rotation
+    the server did make revoked that token; the API lets exactly its retry in (the token,
+    the key, the same request, within minutes) and answers the new token with a new
+    secret, the one in the lost answer dead: the user is never left holding no working
+    token. Answered without a secret (the new token was revoked or expired since), nothing
+    is left to hold: an error saying so. Any other refusal is raised at once."""
+    key, pause = _token_key("rotate"), TOKEN_PAUSE_S
+    for attempt in range(1, TOKEN_TRIES + 1):
+        try:
+            made = client.rotate_token(name=name, days=days, idempotency_key=key)
+        except TrainyardError as exc:
+            pause = _pause_or_raise(exc, attempt, pause)
+            continue
+        if made["token"] is None:
+            raise CliError(
+                f"token {made['id']} replaced this one by an earlier try whose answer was "
+                "lost, and was revoked or expired since: this token was revoked by that try; "
+                "use another token, or ask an admin for one"
+            )
+        return made
+    raise AssertionError("unreachable: the last try returns or raises")
+
+
+def _pause_or_raise(exc: TrainyardError, attempt: int, pause: float) -> float:
+    """Wait before sending try ``attempt``'s request again under its key, and return the
+    pause before the next; raise ``exc`` when it was the last try, or a refusal that a
+    retry would not change (anything but ``NoAnswer`` or an API away)."""
+    if attempt == TOKEN_TRIES or not (isinstance(exc, NoAnswer) or exc.status in AWAY):
+        raise exc
+    wait = pause if exc.retry_after is None else min(exc.retry_after, TOKEN_PAUSE_MAX_S)
+    note(f"{exc}; trying again in {wait:g} s under the same Idempotency-Key")
+    time.sleep(wait)
+    return min(2 * pause, TOKEN_PAUSE_MAX_S)
+
+
+def _token_key(action: str) -> str:
     """An ``Idempotency-Key`` no other request of this user has."""
-    return f"trainyard-token-create-{uuid.uuid4()}"
+    return f"trainyard-token-{action}-{uuid.uuid4()}"
 
 
 def _user(client: TrainyardClient, args: argparse.Namespace, as_json: bool) -> Any:

@@ -373,9 +373,16 @@ class TrainyardClient:
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
         return self.call("POST", "/v1/tokens", _token_body(name, days), headers)
 
-    def rotate_token(self, name: str | None = None, days: int | None = None) -> dict[str, Any]:
-        """Replace this client's token: a new one (``token``) and the old one revoked."""
-        return self._object("POST", "/v1/tokens/rotate", json=_token_body(name, days))
+    def rotate_token(
+        self, name: str | None = None, days: int | None = None, idempotency_key: str | None = None
+    ) -> dict[str, Any]:
+        """Replace this client's token: a new one (``token``) and the old one revoked. With
+        ``idempotency_key``, the retry of a rotation the server already made (presenting the
+        token it revoked) answers the new token with a new secret, the lost one dead, or
+        ``token`` None should that token be revoked or expired since (docs/security.md,
+        "Tokens")."""
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        return self.call("POST", "/v1/tokens/rotate", _token_body(name, days), headers)
 
     def revoke_token(self, token_id: int) -> None:
         self._response("DELETE", f"/v1/tokens/{int(token_id)}")
