@@ -3,7 +3,8 @@
 Contract:
 - ``authenticate`` turns a bearer token into a ``Caller`` only while the token is unrevoked,
   unexpired and its user enabled; one primary-key lookup, no cache, so a revocation,
-  expiry or disabling is refused by the very next request.
+  expiry or disabling is refused by the very next request. The one revoked token let in
+  is a rotation's, for that rotation's retry alone (``authenticate_rotation_replay``).
 - Roles (``shared.identity.Role``): viewer < member < admin within a team; operator over the
   platform. A user is created by an admin of its team (roles up to admin) or by an operator
   (any team, any role, operator included). A user manages its own tokens; an admin manages
