@@ -15,12 +15,23 @@ else the reason (which never quotes the requirement's credentials). A grant reac
 runner from old jobs and other producers than the API, so the runner does not trust that
 the API checked: it asks again, and a requirement refused here fails the job as its own
 error.
+
+A wheel URL is also a request the node makes for the tenant: the installer fetches it in
+the host's network. ``wheel_host`` reads the host and port it names (refusing what the
+runner's judgement would read otherwise than the installers: whitespace, a character beyond
+ASCII, port 0), ``wheel_address_problem`` refuses a host written as an address that is not
+public (``shared.public_addresses``), which the submission API applies; a host name is left
+to the runner, which resolves and judges it before installing
+(``services.runner.launch.check_requirements``).
 """
 
 from __future__ import annotations
 
 import re
 from typing import Final
+from urllib.parse import urlsplit
+
+from trainyard_platform.shared.public_addresses import address_problem, literal_address
 
 _REQ_NAME = r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?"
 _REQ_EXTRAS = rf"\[ *{_REQ_NAME}(?: *, *{_REQ_NAME})* *\]"
@@ -141,3 +152,61 @@ def requirement_problem(value: str) -> str | None:
             "distributions and git URLs are not installed, since building one runs its code"
         )
     return None
+
+
+_NOT_PRINTABLE_ASCII = re.compile(r"[^\x21-\x7e]")
+
+
+def wheel_url(value: str) -> str | None:
+    """The URL the requirement ``value`` (one ``requirement_problem`` passed) names, None when
+    it names none."""
+    url = re.search(r"@ *([^\s;]+)", value)
+    return None if url is None else url.group(1)
+
+
+def wheel_host(value: str) -> tuple[str, int] | None:
+    """The host (without brackets) and port of the wheel URL the requirement ``value`` (one
+    ``requirement_problem`` passed) names, None when it names none; ``ValueError`` saying
+    why for one no node fetches from: whitespace, a control character or one beyond ASCII
+    (which ``urlsplit`` drops or lowers to ASCII, so what is judged would not be what the
+    installer is given), a port that is none, no host."""
+    url = wheel_url(value)
+    if url is None:
+        return None
+    if _NOT_PRINTABLE_ASCII.search(url):
+        raise ValueError(
+            "a URL must not hold whitespace, a control character or a character beyond ASCII"
+        )
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise ValueError(f"a URL must be one the installers read as such ({exc})") from None
+    if port == 0:
+        raise ValueError("a URL names the port 0, which is no port: 1 to 65535")
+    if not parts.hostname:
+        raise ValueError("a URL must name a host")
+    return parts.hostname, port or 443
+
+
+def wheel_address_problem(value: str) -> str | None:
+    """Why the wheel URL of the requirement ``value`` (one ``requirement_problem`` passed) is
+    no URL a node fetches from, judged without asking DNS (``wheel_host``, and a host written
+    as an address must be a public one), None when it may be (or names no URL)."""
+    try:
+        located = wheel_host(value)
+    except ValueError as exc:
+        return str(exc)
+    if located is None:
+        return None
+    host = located[0]
+    address = literal_address(host)
+    problem = None if address is None else address_problem(address)
+    if problem is None:
+        return None
+    shown = "" if str(address) == host else f" ({address})"
+    return (
+        f"a URL names the address {host}{shown}, {problem}: the runners fetch wheels only "
+        "from public addresses (a wheel host of your company's own network: name it by its "
+        "host name, which the runners' operator may allow)"
+    )

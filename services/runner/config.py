@@ -106,17 +106,19 @@ class Settings(GuardedServiceSettings):
     beyond the node, while its ranks still reach each other on ``127.0.0.1``. ``host``: the
     node's network, as every other process of the host. A gang across nodes, and a runner
     that cannot make a namespace (not root; it says so at its start), use the host's."""
-    git_allow_private: list[Annotated[str, AfterValidator(_allowed_entry)]] = Field(
+    fetch_allow_private: list[Annotated[str, AfterValidator(_allowed_entry)]] = Field(
         default_factory=list
     )
     """Networks (``10.1.0.0/16``, ``fd00::/8``, one address) and host names
-    (``git.internal.example``, exactly that name) a job's git repository may be fetched
-    from although they are not public. git fetches a job's code in the host's network, so
-    by default a repository whose host is or resolves to a loopback, private, link-local,
-    CGNAT, unique-local or otherwise not globally routable address is refused as the job's
-    input before anything is sent (``git_remote``): a tenant cannot make the node ask its
-    internal services. Allow here a company's own git server; everything of the node's
-    network that this covers is then reachable by any tenant's repository URL."""
+    (``git.internal.example``, exactly that name) this node fetches what a job names from
+    although they are not public: its git code (``code.repository``) and its wheel URLs
+    (``requirements``: ``name @ https://.../x.whl``). git and the installers run in the
+    host's network, so by default a repository or wheel URL whose host is or resolves to a
+    loopback, private, link-local, CGNAT, unique-local or otherwise not globally routable
+    address is refused as the job's input before anything is sent (``git_remote``): a
+    tenant cannot make the node ask its internal services. Allow here a company's own git
+    server or wheel host; everything of the node's network that this covers is then
+    reachable by any tenant's repository or wheel URL."""
     job_max_processes: int = Field(default=16384, ge=16)
     """Processes and threads a job's user may have at once (``RLIMIT_NPROC``; only where
     jobs run as users of their own): a fork bomb spends its own budget, not the host's."""
@@ -198,9 +200,9 @@ class Settings(GuardedServiceSettings):
     """Lines of output carried in ``job.failed``."""
 
     @property
-    def git_private_allowed(self) -> PrivateAllowed:
-        """``git_allow_private``, parsed."""
-        return PrivateAllowed.parse(self.git_allow_private)
+    def fetch_private_allowed(self) -> PrivateAllowed:
+        """``fetch_allow_private``, parsed."""
+        return PrivateAllowed.parse(self.fetch_allow_private)
 
     @property
     def sandboxes_dir(self) -> Path:

@@ -21,7 +21,7 @@ answered. So, before git runs (``fetch_plan``):
   (``shared.public_addresses``: not loopback, private, link-local, shared CGNAT, unique-local,
   site-local, multicast, unspecified, documentation or otherwise reserved, nor an IPv6 form
   carrying such an IPv4 address: mapped, NAT64, 6to4), unless the operator allows it
-  (``Settings.git_allow_private``: networks and host names, for a company's own git server).
+  (``Settings.fetch_allow_private``: networks and host names, for a company's own git server).
 * git then connects to the first address it was judged by, never to a second lookup's
   answer (DNS rebinding): https through ``http.curloptResolve``, git:// by naming the address
   itself in the URL (its ``host=`` then names the address), even when the URL names an
@@ -64,7 +64,7 @@ _SCP = re.compile(r"[^/:@]*@[^/@]+:")
 
 _NOT_PRINTABLE_ASCII = re.compile(r"[^\x21-\x7e]")
 
-SETTING = "TRAINYARD_RUNNER_GIT_ALLOW_PRIVATE"
+SETTING = "TRAINYARD_RUNNER_FETCH_ALLOW_PRIVATE"
 
 
 class RemoteRefused(ValueError):
@@ -100,7 +100,7 @@ class FetchPlan:
 @dataclass(frozen=True)
 class PrivateAllowed:
     """What the operator lets jobs fetch from although it is not public
-    (``Settings.git_allow_private``)."""
+    (``Settings.fetch_allow_private``)."""
 
     networks: tuple[IPNetwork, ...] = ()
     hosts: frozenset[str] = frozenset()
@@ -131,7 +131,7 @@ PUBLIC_ONLY = PrivateAllowed()
 
 
 def allow_entry(entry: str) -> IPNetwork | str:
-    """One entry of ``git_allow_private``: a network (``10.1.0.0/16``, ``fd00::/8``, an
+    """One entry of ``fetch_allow_private``: a network (``10.1.0.0/16``, ``fd00::/8``, an
     address alone) or a host name (returned lower case, without a final dot); else
     ``ValueError`` saying what it may be."""
     text = entry.strip()
@@ -226,30 +226,43 @@ def fetch_plan(
     ``allowed``; else the URL and options that hold git to the transports and
     to the first address judged (``HostUnresolved`` when the host does not resolve)."""
     remote = parse_remote(repository)
-    literal = literal_address(remote.host)
+    addresses, literal = judged_addresses(remote.host, remote.port, allowed, "code", resolver)
+    return _pinned(repository, remote, addresses[0], literal)
+
+
+def judged_addresses(
+    host: str, port: int, allowed: PrivateAllowed, what: str, resolver: Resolver | None = None
+) -> tuple[list[IPAddress], bool]:
+    """The addresses ``host`` is (written as an address: looked nothing up) or resolves to
+    for ``port``, and whether it was written as one: ``RemoteRefused`` unless every one is
+    public or ``allowed`` (the reason says this node fetches ``what`` only from public
+    addresses), ``HostUnresolved`` when it does not resolve. The one judgement of what a
+    job makes this node fetch: its git code here, its wheel URLs
+    (``launch.check_requirements``)."""
+    literal = literal_address(host)
     if literal is not None:
         addresses = [literal]
     else:
-        answers = (resolver or resolve)(remote.host, remote.port)
+        answers = (resolver or resolve)(host, port)
         addresses = [_address(text) for text in answers]
         if not addresses:
-            raise HostUnresolved(f"{remote.host} resolved to no address")
-    if not allowed.allows_host(remote.host):
+            raise HostUnresolved(f"{host} resolved to no address")
+    if not allowed.allows_host(host):
         for address in addresses:
             problem = address_problem(address)
             if problem is not None and not allowed.allows_address(address):
                 if literal is None:
-                    named = f"the host {remote.host}, which resolves to {address},"
-                elif str(address) == remote.host:
+                    named = f"the host {host}, which resolves to {address},"
+                elif str(address) == host:
                     named = f"the address {address},"
                 else:
-                    named = f"the host {remote.host}, which is {address},"
+                    named = f"the host {host}, which is {address},"
                 raise RemoteRefused(
-                    f"names {named} {problem}; this node fetches code only "
+                    f"names {named} {problem}; this node fetches {what} only "
                     f"from public addresses unless its operator allows the network "
                     f"({SETTING})"
                 )
-    return _pinned(repository, remote, addresses[0], literal is not None)
+    return addresses, literal is not None
 
 
 def _address(text: str) -> IPAddress:

@@ -71,6 +71,13 @@ from trainyard_platform.services.runner.environments import (
     RequirementsError,
     normalize_requirement,
 )
+from trainyard_platform.services.runner.git_remote import (
+    HostUnresolved,
+    PrivateAllowed,
+    RemoteRefused,
+    Resolver,
+    judged_addresses,
+)
 from trainyard_platform.services.runner.gpus import GpuInventory
 from trainyard_platform.services.runner.ledger import safe_file_name
 from trainyard_platform.services.runner.node_faults import node_fault
@@ -101,6 +108,7 @@ from trainyard_platform.shared.events.payloads import (
     Environment,
     JobSpec,
 )
+from trainyard_platform.shared.requirements import wheel_host, without_credentials
 from trainyard_platform.shared.storage import ObjectStore, open_store
 
 log = logging.getLogger(__name__)
@@ -215,7 +223,7 @@ def fetch(
     has ``cgroups`` (``job_cgroup``; this node has ``node_gpus`` GPUs), with the job's code
     and the checkpoint its grant says to resume from; ``RequirementsUnmet`` before any of them for a
     requirement the runner refuses (``check_requirements``)."""
-    check_requirements(grant.spec.requirements)
+    check_requirements(grant.spec.requirements, settings.fetch_private_allowed)
     try:
         if user.uid is not None:
             # The slot's uid starts clean, however its last job ended (one whose start
@@ -240,7 +248,7 @@ def fetch(
     # What the job asked for: its failures say whose fault they are (``sandbox``).
     with within_disk_limit(box, settings):
         code_id = fetch_code(
-            grant.spec, store, box, settings.job_max_processes, settings.git_private_allowed
+            grant.spec, store, box, settings.job_max_processes, settings.fetch_private_allowed
         )
         resumed = resume_from(grant, settings, store, box.checkpoints)
     return Fetched(box, code_id, resumed)
@@ -283,18 +291,42 @@ def within_disk_limit(box: Sandbox, settings: Settings) -> Iterator[None]:
         raise failed
 
 
-def check_requirements(requirements: Sequence[str]) -> None:
+def check_requirements(
+    requirements: Sequence[str], allowed: PrivateAllowed, resolver: Resolver | None = None
+) -> None:
     """``RequirementsUnmet`` (``user_error``) naming the first of ``requirements`` the
-    runner would refuse to install (``shared.requirements``, by ``normalize_requirement``:
-    an installer option, a local path, a ``file:`` URL, a URL that is no wheel's), by its
-    place in the spec: checked before the job's code or checkpoint is downloaded, since a
-    grant may come from an old job or another producer than the API, which refuses them."""
+    runner would refuse to install, by its place in the spec: one ``shared.requirements``
+    refuses (by ``normalize_requirement``: an installer option, a local path, a ``file:``
+    URL, a URL that is no wheel's), and a wheel URL whose host is, or resolves to, an
+    address that is neither public nor ``allowed`` (``git_remote.judged_addresses``, the
+    judgement of a job's git code: the installer fetches it in the host's network, so it
+    would ask the node's own services for the tenant, and its error text would come back in
+    the job's failure reason). A wheel host that does not resolve is the platform's
+    (``PlatformError``), as a repository's is. Checked before the job's code or checkpoint
+    is downloaded, since a grant may come from an old job or another producer than the API,
+    which refuses the rest and a URL written with an address that is not public."""
     for index, requirement in enumerate(requirements):
+        field = f"spec.requirements[{index}]"
         try:
             normalize_requirement(requirement)
+            located = wheel_host(requirement)
         except ValueError as exc:
             raise RequirementsUnmet(
-                f"spec.requirements[{index}]: {exc} (refused before the job's code was downloaded)"
+                f"{field}: {exc} (refused before the job's code was downloaded)"
+            ) from None
+        if located is None:
+            continue
+        shown = without_credentials(requirement)
+        try:
+            judged_addresses(*located, allowed, "wheels", resolver)
+        except RemoteRefused as exc:
+            raise RequirementsUnmet(
+                f"{field}: requirement {shown!r}: a URL {exc} (refused before the job's code "
+                "was downloaded)"
+            ) from None
+        except HostUnresolved as exc:
+            raise PlatformError(
+                f"{field}: resolving the host of {shown!r} before installing: {exc}"
             ) from None
 
 

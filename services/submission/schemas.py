@@ -64,6 +64,7 @@ from trainyard_platform.shared.requirements import (
     CREDENTIALS_IN_URL,
     has_userinfo,
     requirement_problem,
+    wheel_address_problem,
 )
 from trainyard_platform.shared.suggest import NOT_JOB_FIELDS, unknown_field
 
@@ -190,7 +191,11 @@ def program_problem_of_command(program: str) -> str | None:
 
 
 def _requirement(value: str) -> str:
-    problem = requirement_problem(value)
+    """A requirement the runners install (``requirement_problem``), its wheel URL (if any)
+    one a node may fetch as far as this service can tell (``wheel_address_problem``: a host
+    written as an address must be a public one; a host name is judged by each runner before
+    it installs, as a repository's is)."""
+    problem = requirement_problem(value) or wheel_address_problem(value)
     if problem is not None:
         raise ValueError(problem)
     return value
@@ -217,7 +222,7 @@ def _git_url(value: str) -> str:
     could only ever reach the runner's own network. A host name is not judged here: what it resolves to is the runners'
     network's answer, not this service's, so each runner resolves and judges it before it
     fetches (``services.runner.git_remote``), allowing the private networks and names its
-    operator lists (``TRAINYARD_RUNNER_GIT_ALLOW_PRIVATE``): a company's own git server is
+    operator lists (``TRAINYARD_RUNNER_FETCH_ALLOW_PRIVATE``): a company's own git server is
     named by host name."""
     if SSH_GIT_URL.match(value):
         raise ValueError(NO_SSH)

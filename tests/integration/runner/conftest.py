@@ -295,7 +295,7 @@ def settings(
         admin_token=SecretStr("op-token"),
         # The tests' git servers listen on loopback, which no runner fetches from unless
         # its operator allows it (``git_remote``); a test of the default empties it.
-        git_allow_private=["127.0.0.0/8"],
+        fetch_allow_private=["127.0.0.0/8"],
     )
 
 

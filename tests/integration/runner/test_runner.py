@@ -599,10 +599,10 @@ async def test_a_repository_on_an_address_that_is_not_public_is_never_asked(
     """git fetches a job's code in the host's network: a repository on loopback (NATS, the
     object store, any service of the node) was asked, and what it answered came back in
     the job's failure reason (SSRF). Refused as the job's input before anything is sent,
-    unless the operator allows the network (``TRAINYARD_RUNNER_GIT_ALLOW_PRIVATE``)."""
+    unless the operator allows the network (``TRAINYARD_RUNNER_FETCH_ALLOW_PRIVATE``)."""
     with Listener() as server:
         repository = f"{scheme}://127.0.0.1:{server.port}/team/repo.git"
-        public_only = settings.model_copy(update={"git_allow_private": []})
+        public_only = settings.model_copy(update={"fetch_allow_private": []})
         runner = await start_runner(public_only)
         allocation = grant(public_only.node_id, ["succeed", str(launches)])
         code = CodeGit(repository=repository, commit="0" * 40)

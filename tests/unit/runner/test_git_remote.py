@@ -111,7 +111,7 @@ def test_a_name_that_resolves_to_a_private_address_is_refused_saying_so() -> Non
     assert str(refused.value) == (
         "names the host git.corp.example, which resolves to 10.0.0.5, a private address; "
         "this node fetches code only from public addresses unless its operator allows the "
-        "network (TRAINYARD_RUNNER_GIT_ALLOW_PRIVATE)"
+        "network (TRAINYARD_RUNNER_FETCH_ALLOW_PRIVATE)"
     )
 
 
@@ -258,18 +258,18 @@ def test_an_entry_of_the_setting_that_is_neither_network_nor_host_is_refused_at_
 ) -> None:
     with pytest.raises(ValueError):
         allow_entry(entry)
-    monkeypatch.setenv("TRAINYARD_RUNNER_GIT_ALLOW_PRIVATE", f'["127.0.0.0/8", "{entry}"]')
+    monkeypatch.setenv("TRAINYARD_RUNNER_FETCH_ALLOW_PRIVATE", f'["127.0.0.0/8", "{entry}"]')
     with pytest.raises(ValidationError) as refused:
         Settings(admin_token=SecretStr("t"))
     [line] = invalid_settings(Settings, refused.value)
-    assert line.startswith("TRAINYARD_RUNNER_GIT_ALLOW_PRIVATE"), line
+    assert line.startswith("TRAINYARD_RUNNER_FETCH_ALLOW_PRIVATE"), line
 
 
 def test_the_setting_is_empty_by_default_and_parsed_when_given(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    assert Settings(admin_token=SecretStr("t")).git_private_allowed == PrivateAllowed()
-    monkeypatch.setenv("TRAINYARD_RUNNER_GIT_ALLOW_PRIVATE", '["10.1.0.0/16", "git.corp"]')
-    allowed = Settings(admin_token=SecretStr("t")).git_private_allowed
+    assert Settings(admin_token=SecretStr("t")).fetch_private_allowed == PrivateAllowed()
+    monkeypatch.setenv("TRAINYARD_RUNNER_FETCH_ALLOW_PRIVATE", '["10.1.0.0/16", "git.corp"]')
+    allowed = Settings(admin_token=SecretStr("t")).fetch_private_allowed
     assert allowed.networks == (ipaddress.ip_network("10.1.0.0/16"),)
     assert allowed.hosts == frozenset({"git.corp"})

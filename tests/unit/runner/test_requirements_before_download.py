@@ -11,11 +11,21 @@ from typing import Any, cast
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import SecretStr
 
 from trainyard_platform.services.runner import launch
 from trainyard_platform.services.runner.config import Settings
-from trainyard_platform.services.runner.sandbox import JobUser, failure_kind
-from trainyard_platform.shared.requirements import REQUIREMENT, requirement_problem
+from trainyard_platform.services.runner.git_remote import PUBLIC_ONLY, PrivateAllowed, Resolver
+from trainyard_platform.services.runner.sandbox import (
+    JobUser,
+    PlatformError,
+    failure_kind,
+)
+from trainyard_platform.shared.requirements import (
+    REQUIREMENT,
+    requirement_problem,
+    wheel_address_problem,
+)
 from trainyard_platform.shared.storage import ObjectStore
 
 from .test_launch import GRANT
@@ -46,7 +56,7 @@ def test_a_refused_requirement_fails_the_job_before_anything_is_fetched(
     with pytest.raises(launch.RequirementsUnmet) as refused:
         launch.fetch(
             grant,
-            cast(Settings, nothing),
+            Settings(admin_token=SecretStr("t")),
             cast(ObjectStore, nothing),
             cast(JobUser, nothing),
             cgroups=nothing,
@@ -57,8 +67,115 @@ def test_a_refused_requirement_fails_the_job_before_anything_is_fetched(
 
 
 def test_acceptable_requirements_pass_the_check() -> None:
-    launch.check_requirements(["tabulate==0.9.0", "torch>=2.3; python_version>='3.11'"])
-    launch.check_requirements([])
+    launch.check_requirements(
+        ["tabulate==0.9.0", "torch>=2.3; python_version>='3.11'"], PUBLIC_ONLY, _unasked
+    )
+    launch.check_requirements([], PUBLIC_ONLY, _unasked)
+
+
+def _unasked(host: str, port: int) -> list[str]:
+    raise AssertionError(f"{host} was looked up")
+
+
+def answers(*addresses: str) -> Resolver:
+    return lambda host, port: list(addresses)
+
+
+# The installer fetches a wheel URL in the host's network: a tenant could make the node ask
+# its own services (the cloud's metadata, the object store, anything on loopback), and the
+# installer's error text came back in the job's failure reason.
+@pytest.mark.parametrize(
+    ("requirement", "resolver", "said"),
+    [
+        (
+            "x @ https://169.254.169.254/x-1.0-py3-none-any.whl",
+            _unasked,
+            "names the address 169.254.169.254, a link-local address;",
+        ),
+        (
+            "x @ https://10.0.0.5:9000/x-1.0-py3-none-any.whl",
+            _unasked,
+            "names the address 10.0.0.5, a private address;",
+        ),
+        (
+            "x @ https://127.1/x-1.0-py3-none-any.whl",
+            _unasked,
+            "names the host 127.1, which is 127.0.0.1, a loopback address;",
+        ),
+        (
+            "x @ https://[::ffff:127.0.0.1]/x-1.0-py3-none-any.whl",
+            _unasked,
+            "names the host ::ffff:127.0.0.1, which is ::ffff:7f00:1, a loopback address (as 127.0.0.1);",
+        ),
+        (
+            "x @ https://wheels.corp.example/x-1.0-py3-none-any.whl ; python_version>'3'",
+            answers("10.1.2.3"),
+            "names the host wheels.corp.example, which resolves to 10.1.2.3, a private address;",
+        ),
+        (
+            "x @ https://localhost:8222/x-1.0-py3-none-any.whl",
+            answers("140.82.112.3", "::1"),
+            "names the host localhost, which resolves to ::1, a loopback address;",
+        ),
+    ],
+)
+def test_a_wheel_url_on_an_address_that_is_not_public_fails_the_job(
+    requirement: str, resolver: Resolver, said: str
+) -> None:
+    with pytest.raises(launch.RequirementsUnmet) as refused:
+        launch.check_requirements(["tabulate==0.9.0", requirement], PUBLIC_ONLY, resolver)
+    reason = str(refused.value)
+    assert reason.startswith(f"spec.requirements[1]: requirement {requirement!r}: a URL "), reason
+    assert said in reason, reason
+    assert reason.endswith(
+        " this node fetches wheels only from public addresses unless its operator allows the "
+        "network (TRAINYARD_RUNNER_FETCH_ALLOW_PRIVATE) (refused before the job's code was "
+        "downloaded)"
+    ), reason
+    assert failure_kind(refused.value) == "user_error"
+
+
+def test_a_wheel_url_on_a_public_address_or_one_the_operator_allows_passes() -> None:
+    public = "x @ https://files.example/x-1.0-py3-none-any.whl"
+    launch.check_requirements([public], PUBLIC_ONLY, answers("140.82.112.3", "2606:4700::1"))
+    allowed = PrivateAllowed.parse(["10.0.0.0/8", "wheels.corp.example"])
+    launch.check_requirements(
+        [
+            "x @ https://10.0.0.5:9000/x-1.0-py3-none-any.whl",
+            "y @ https://files.example/y-1.0-py3-none-any.whl",
+            "z @ https://wheels.corp.example/z-1.0-py3-none-any.whl",
+        ],
+        allowed,
+        lambda host, port: {"files.example": ["10.9.9.9"], "wheels.corp.example": ["::1"]}[host],
+    )
+
+
+@pytest.mark.parametrize(
+    ("requirement", "said"),
+    [
+        ("x @ https://h.example:0/x-1.0-py3-none-any.whl", "port 0"),
+        ("x @ https://h.\u212aey.example/x-1.0-py3-none-any.whl", "beyond ASCII"),
+        ("x @ https://h.example:99999/x-1.0-py3-none-any.whl", "installers read as such"),
+    ],
+)
+def test_a_wheel_url_the_judgement_would_read_otherwise_is_refused(
+    requirement: str, said: str
+) -> None:
+    with pytest.raises(launch.RequirementsUnmet, match=said) as refused:
+        launch.check_requirements([requirement], PUBLIC_ONLY, _unasked)
+    assert str(refused.value).startswith("spec.requirements[0]: ")
+
+
+def test_a_wheel_host_that_does_not_resolve_is_the_platforms() -> None:
+    def unresolved(host: str, port: int) -> list[str]:
+        raise launch.HostUnresolved("Name or service not known")
+
+    with pytest.raises(PlatformError) as failed:
+        launch.check_requirements(
+            ["x @ https://nowhere.example/x-1.0-py3-none-any.whl"], PUBLIC_ONLY, unresolved
+        )
+    assert str(failed.value).startswith("spec.requirements[0]: resolving the host of ")
+    assert failure_kind(failed.value) == "platform_error"
 
 
 @settings(max_examples=400, derandomize=True, database=None, deadline=None)
@@ -67,5 +184,7 @@ def test_the_api_refuses_at_submission_whatever_the_runner_would(requirement: st
     # The submission API refuses a requirement by ``requirement_problem``: one it accepts
     # must never fail the job at the runner's check, so that a bad requirement is always
     # said at submission, when the grant came through the API.
-    if requirement_problem(requirement) is None:
-        launch.check_requirements([requirement])
+    # A host name is the runner's to judge (what it resolves to is its network's answer):
+    # here every name resolves to a public address.
+    if requirement_problem(requirement) is None and wheel_address_problem(requirement) is None:
+        launch.check_requirements([requirement], PUBLIC_ONLY, answers("140.82.112.3"))
