@@ -558,6 +558,49 @@ def test_a_wheel_url_with_credentials_is_refused(requirement: str) -> None:
 
 
 @pytest.mark.parametrize(
+    ("requirement", "named"),
+    [
+        ("x @ https://169.254.169.254/x-1.0-py3-none-any.whl", "169.254.169.254, a link-local"),
+        ("x @ https://10.0.0.5:9000/x-1.0-py3-none-any.whl", "10.0.0.5, a private address"),
+        ("x @ https://127.1/x-1.0-py3-none-any.whl", "127.1 (127.0.0.1), a loopback address"),
+        ("x @ https://[::1]:8222/x-1.0-py3-none-any.whl", "::1, a loopback address"),
+        ("x @ https://localhost:8222/x-1.0-py3-none-any.whl", None),  # the runner judges it
+        ("x @ https://140.82.112.3/x-1.0-py3-none-any.whl", None),
+    ],
+)
+def test_a_wheel_url_written_as_an_address_that_is_not_public_is_refused(
+    requirement: str, named: str | None
+) -> None:
+    """The installer fetches a wheel in the runner's host's network, as git a repository:
+    an address that is not public could only reach the node's own services. A host name is
+    left to the runner, which resolves it in its own network before installing."""
+    if named is None:
+        assert _job(requirements=[requirement]).requirements == [requirement]
+        return
+    errors = _errors({**GOOD, "requirements": ["numpy", requirement]})
+    assert list(errors) == ["requirements[1]"]
+    assert (
+        f"a URL names the address {named}" in errors["requirements[1]"]
+        and "the runners fetch wheels only from public addresses" in errors["requirements[1]"]
+    ), errors
+
+
+@pytest.mark.parametrize(
+    ("requirement", "said"),
+    [
+        ("x @ https://h.example:0/x-1.0-py3-none-any.whl", "port 0"),
+        ("x @ https://h.\u212aey.example/x-1.0-py3-none-any.whl", "beyond ASCII"),
+    ],
+)
+def test_a_wheel_url_the_runners_would_read_otherwise_is_refused(
+    requirement: str, said: str
+) -> None:
+    errors = _errors({**GOOD, "requirements": [requirement]})
+    assert list(errors) == ["requirements[0]"]
+    assert said in errors["requirements[0]"]
+
+
+@pytest.mark.parametrize(
     "requirement",
     [
         "torch",
