@@ -629,6 +629,32 @@ async def test_a_repository_on_an_address_that_is_not_public_is_never_asked(
     assert launched(launches) == []
 
 
+async def test_a_wheel_url_on_an_address_that_is_not_public_is_never_asked(
+    settings: Settings, start_runner: StartRunner, bus: Bus, events: EventLog, launches: Path
+) -> None:
+    """The installer fetches a job's wheel URL in the host's network, as git its code: a
+    wheel on loopback (NATS, the object store, any service of the node) was asked, and the
+    installer's error text came back in the job's failure reason (SSRF). Refused as the
+    job's input before anything is sent, unless the operator allows the network
+    (``TRAINYARD_RUNNER_FETCH_ALLOW_PRIVATE``)."""
+    with Listener() as server:
+        requirement = f"pkg @ https://127.0.0.1:{server.port}/pkg-1.0-py3-none-any.whl"
+        public_only = settings.model_copy(update={"fetch_allow_private": []})
+        await start_runner(public_only)
+        allocation = grant(public_only.node_id, ["succeed", str(launches)])
+        spec = allocation.spec.model_copy(update={"requirements": ["tabulate", requirement]})
+        await publish(bus, allocation.model_copy(update={"spec": spec}), public_only.node_id)
+        failed = await events.first(JobFailed, allocation.job_id, timeout=60)
+        assert failed.failure_kind == "user_error" and not failed.node_fault
+        assert failed.reason.startswith(
+            f"spec.requirements[1]: requirement {requirement!r}: a URL names the address "
+            "127.0.0.1, a loopback address; this node fetches wheels only from public addresses"
+        ), failed.reason
+        assert server.accepted == 0, "the node asked an address the tenant named"
+    assert not events.of(JobStarted, allocation.job_id)
+    assert launched(launches) == []
+
+
 async def test_a_job_whose_requirements_do_not_exist_fails_as_its_own_error(
     settings: Settings, start_runner: StartRunner, bus: Bus, events: EventLog, launches: Path
 ) -> None:
