@@ -5,8 +5,9 @@ node reaches nothing of the node's own network.
 link-local, shared CGNAT, unique-local, site-local, multicast, unspecified, reserved, or an
 IPv6 form of such an IPv4 address); ``literal_address`` reads a host that is an address
 written out, in every form the resolver takes, without asking DNS. The runner judges a job's git
-repository by them before fetching it (``services.runner.git_remote``), the submission API
-a repository written with an address (``services.submission.schemas``).
+repository and its wheel URLs by them before fetching them (``services.runner.git_remote``),
+the submission API a repository or wheel URL written with an address
+(``services.submission.schemas``, ``shared.requirements``).
 """
 
 from __future__ import annotations

@@ -29,6 +29,11 @@ answered. So, before git runs (``fetch_plan``):
   (``http.followRedirects=false``): a redirect's target is never judged, so a repository
   that moved is named where it now is.
 
+The same judgement of a host (``judged_addresses``) and the same setting hold for a job's
+wheel URLs, which the installer fetches in the host's network too
+(``launch.check_requirements``); the installer cannot be held to the address judged, nor
+kept from following a redirect (docs/security.md, "Not covered").
+
 A refusal is the job's own input (the same on any node): ``JobInputError`` naming
 ``spec.code.repository`` and why. A host that does not resolve is retried as the platform's,
 as when git says so (``git_faults``).
