@@ -142,11 +142,11 @@ def requirement_problem(value: str) -> str | None:
             "that file on the node): a wheel comes from a URL, "
             "name @ https://.../name-1.0-py3-none-any.whl"
         )
-    url = re.search(r"@ *([^\s;]+)", value)
+    url = wheel_url(value)
     # (An ssh URL keeps its login name, git@host: no credential.)
-    if url is not None and url.group(1).startswith("https:") and has_userinfo(url.group(1)):
+    if url is not None and url.startswith("https:") and has_userinfo(url):
         return WHEEL_CREDENTIALS
-    if url is not None and not WHEEL_URL.fullmatch(url.group(1)):
+    if url is not None and not WHEEL_URL.fullmatch(url):
         return (
             "a URL must name a wheel (https://.../name-1.0-py3-none-any.whl): source "
             "distributions and git URLs are not installed, since building one runs its code"
@@ -158,8 +158,7 @@ _NOT_PRINTABLE_ASCII = re.compile(r"[^\x21-\x7e]")
 
 
 def wheel_url(value: str) -> str | None:
-    """The URL the requirement ``value`` (one ``requirement_problem`` passed) names, None when
-    it names none."""
+    """The URL the requirement ``value`` names (after ``@``), None when it names none."""
     url = re.search(r"@ *([^\s;]+)", value)
     return None if url is None else url.group(1)
 
