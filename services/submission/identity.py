@@ -570,16 +570,7 @@ async def replay_token(
         return None
     if row["request_fingerprint"] != token_request_fingerprint(request):
         raise _key_used(f"already used for a different request, which created token {row['id']}")
-    return TokenCreated(
-        id=row["id"],
-        name=row["name"],
-        user=caller.user,
-        team=caller.team,
-        created_at=row["created_at"],
-        expires_at=row["expires_at"],
-        token=None,
-        revoked_at=row["revoked_at"],
-    )
+    return _token_created(row, caller, None, row["revoked_at"])
 
 
 async def rotate_token(
@@ -659,16 +650,7 @@ async def replay_rotation(
                 f"{caller.team}/{caller.user}",
                 {"token_id": row["id"], "replaces": caller.token_id},
             )
-    return TokenCreated(
-        id=row["id"],
-        name=row["name"],
-        user=caller.user,
-        team=caller.team,
-        created_at=row["created_at"],
-        expires_at=row["expires_at"],
-        token=token if reissued else None,
-        revoked_at=row["revoked_at"],
-    )
+    return _token_created(row, caller, token if reissued else None, row["revoked_at"])
 
 
 def _key_used(reason: str) -> Conflict:
@@ -727,6 +709,14 @@ async def _issue(
             "replaces": caller.token_id if action == "rotate token" else None,
         },
     )
+    return _token_created(row, caller, token)
+
+
+def _token_created(
+    row: asyncpg.Record, caller: Caller, token: str | None, revoked_at: datetime | None = None
+) -> TokenCreated:
+    """The answer naming the token of ``row`` (``tokens``), made by or for ``caller``, with
+    its secret when ``token`` is given (only the answer that made or reissued it has one)."""
     return TokenCreated(
         id=row["id"],
         name=row["name"],
@@ -735,6 +725,7 @@ async def _issue(
         created_at=row["created_at"],
         expires_at=row["expires_at"],
         token=token,
+        revoked_at=revoked_at,
     )
 
 
