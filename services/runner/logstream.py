@@ -14,8 +14,9 @@ kept as JSON's ``NaN``/``Infinity``) under ``metrics/<job>/<stream>/chunk-<seq:0
 The job's output never goes into the runner's own log: a job must not be able to forge the
 platform's log lines. The output of a job of one process is kept byte for byte; that of a
 job of several processes (under torchrun) line by line, each line prefixed with the rank
-that wrote it (``rank_lines``). Either way it is read and written in blocks of whole lines
-(``process.line_blocks``), never a line at a time: the runner's cost is bounded by bytes.
+that wrote it (``rank_lines``). The first is written as it is read, whole lines or not (a
+progress bar's ``\\r`` updates show at once), the second in blocks of whole lines
+(``process.line_blocks``); never a line at a time: the runner's cost is bounded by bytes.
 
 Both local files are written through ``CappedFile``: a job that writes without end (``yes``
 in a loop) would otherwise fill the node's disk and the store; past the runner's
@@ -43,9 +44,10 @@ MAX_CHUNK_BYTES = 1024 * 1024
 class CappedFile:
     """Appends to ``path`` at most ``limit`` bytes in all (what it held before counts).
     The first write that would pass the limit keeps the whole lines of it that fit (a write
-    is a block of many lines, ``process.line_blocks``), then writes ``notice`` (it may pass
-    the limit by its own size); the rest of it and every later write are dropped, counted
-    in ``dropped``. Each write is flushed, so a reader (``tail -f``, the shipper) sees it at
+    is a chunk of output, many lines: ``process.line_blocks`` for a rank's, as read for a
+    job of one process, whose log may then end with a line an earlier write began), then
+    writes ``notice`` (it may pass the limit by its own size); the rest of it and every
+    later write are dropped, counted in ``dropped``. Each write is flushed, so a reader (``tail -f``, the shipper) sees it at
     once."""
 
     def __init__(self, path: Path, limit: int, notice: bytes = b"") -> None:

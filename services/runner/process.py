@@ -1,5 +1,5 @@
-"""One job process: started as its own user, its output read in blocks of whole lines,
-stopped by signals; and the named pipes a job of several processes writes each rank's
+"""One job process: started as its own user, its output read in paced chunks, stopped by
+signals; and the named pipes a job of several processes writes each rank's
 output to.
 
 Contract:
@@ -25,8 +25,10 @@ Contract:
   (``print`` unbuffered writes its pieces one by one) would be spliced into another's, and
   no line could be told apart by rank. torchrun's own output stays on the shared pipe.
 - The runner's cost of a job's output is bounded by its bytes, not by its lines: each pipe
-  is read in chunks (``OutputPipe``) and cut into blocks of whole lines (``line_blocks``),
-  each block handled at once, and a pipe is read at most about a hundred times a second
+  is read in chunks (``OutputPipe``), each handled at once: as read for a job of one
+  process (``JobProcess.chunks``: a progress bar's update without a newline is not held
+  back), cut into blocks of whole lines for a rank's prefix (``line_blocks``,
+  ``LineCutter``); and a pipe is read at most about a hundred times a second
   (``OUTPUT_PAUSE_S``): a job writing a line at a time has its lines gathered in the pipe
   meanwhile, and one writing faster than the runner reads fills its pipe and its writes
   block until the runner has read it. The runner's event loop also sends the node's
@@ -133,6 +135,12 @@ class JobProcess:
         process holding them has closed them."""
         return line_blocks(self._output.chunks())
 
+    def chunks(self) -> AsyncIterator[bytes]:
+        """Its stdout and stderr as read (``OutputPipe.chunks``), whole lines or not, until
+        every process holding them has closed them: what a job of one process writes
+        without a newline (a progress bar's ``\\r`` updates) is not held back."""
+        return self._output.chunks()
+
     def close(self) -> None:
         self._output.close()
 
@@ -218,29 +226,56 @@ class OutputPipe:
             self._wake()
 
 
-async def line_blocks(
-    chunks: AsyncIterator[bytes], limit: int = OUTPUT_LINE_LIMIT
-) -> AsyncIterator[bytes]:
-    """The bytes of ``chunks``, all of them in order, cut into blocks of whole lines: each
-    block one or more lines with their newlines, none of them over ``limit`` bytes (and its
-    newline), or a piece of exactly ``limit`` bytes of a longer line, or the last bytes
-    without a newline at the end. Never more than ``limit`` bytes (and a newline) are held
-    back waiting for the end of a line; the work is per chunk, not per line."""
-    pending = b""
-    async for chunk in chunks:
+class LineCutter:
+    """Cuts bytes fed in chunks (``cut``) into blocks of whole lines: each block one or more
+    lines with their newlines, none of them over ``limit`` bytes (and its newline), or a
+    piece of exactly ``limit`` bytes of a longer line; what follows the last newline is held
+    back (never more than ``limit`` bytes) for the next chunk, and given by ``rest`` at the
+    end. The work is per chunk, not per line."""
+
+    def __init__(self, limit: int = OUTPUT_LINE_LIMIT) -> None:
+        self._limit = limit
+        self._pending = b""
+
+    def cut(self, chunk: bytes) -> list[bytes]:
+        """The blocks that ``chunk`` completes, in order."""
+        limit = self._limit
+        pending = self._pending
+        blocks: list[bytes] = []
         for at in range(0, len(chunk), limit):
             # Invariant: ``pending`` holds no newline and at most ``limit`` bytes, so every
             # line after the first newline lies within this slice, at most ``limit`` bytes.
             pending += chunk[at : at + limit]
             while len(pending) > limit and pending.find(b"\n", 0, limit + 1) < 0:
-                yield pending[:limit]
+                blocks.append(pending[:limit])
                 pending = pending[limit:]
             end = pending.rfind(b"\n") + 1
             if end:
-                yield pending[:end]
+                blocks.append(pending[:end])
                 pending = pending[end:]
-    if pending:
-        yield pending
+        self._pending = pending
+        return blocks
+
+    def rest(self) -> list[bytes]:
+        """The bytes held back, as a last block without a newline (none when there are
+        none); the cutter is then empty."""
+        pending, self._pending = self._pending, b""
+        return [pending] if pending else []
+
+
+async def line_blocks(
+    chunks: AsyncIterator[bytes], limit: int = OUTPUT_LINE_LIMIT
+) -> AsyncIterator[bytes]:
+    """The bytes of ``chunks``, all of them in order, cut into blocks of whole lines
+    (``LineCutter``), the last bytes without a newline at the end a block of their own.
+    Never more than ``limit`` bytes (and a newline) are held back waiting for the end of a
+    line."""
+    lines = LineCutter(limit)
+    async for chunk in chunks:
+        for block in lines.cut(chunk):
+            yield block
+    for block in lines.rest():
+        yield block
 
 
 class RankPipes:

@@ -10,9 +10,10 @@ pruned (``checkpoints.prune_earlier_attempts``; the end waits for it). Its outpu
 every second (``logstream.LogShipper``) and feeds a tail kept for ``job.failed``; it never
 goes into the runner's own log. A job of several processes (under torchrun) has each rank's
 output read from a pipe of its own (``process.RankPipes``), each line whole, ending with a
-newline and prefixed with its rank (``logstream.rank_lines``). Output is handled in blocks
-of whole lines (``process.line_blocks``), never a line at a time: what a job's output costs
-the runner is bounded by its bytes, even past ``max_output_bytes``. A stop request
+newline and prefixed with its rank (``logstream.rank_lines``). Output is handled a chunk at
+a time (as read for a job of one process, whose progress bars are not held back; in blocks
+of whole lines, ``process.line_blocks``, for a rank's), never a line at a time: what a
+job's output costs the runner is bounded by its bytes, even past ``max_output_bytes``. A stop request
 (revocation, runner shutdown, max runtime) sends SIGTERM and, after its grace, SIGKILL to
 the job's process group; the earliest deadline wins, the first reason is kept. So does a
 job over its disk limit: its sandbox is measured every few seconds (``disk_watch``), and it
@@ -68,7 +69,12 @@ from trainyard_platform.services.runner.logstream import (
     stream_prefix,
 )
 from trainyard_platform.services.runner.metric_limits import MetricLimits
-from trainyard_platform.services.runner.process import JobProcess, RankPipes, read_lines
+from trainyard_platform.services.runner.process import (
+    JobProcess,
+    LineCutter,
+    RankPipes,
+    read_lines,
+)
 from trainyard_platform.services.runner.publishing import JobEvents
 from trainyard_platform.services.runner.sandbox import (
     Sandbox,
@@ -421,7 +427,7 @@ class JobRun:
         # Several processes: each line of the launcher's a line of its own too.
         readers = [
             asyncio.create_task(
-                self._read_output(process.output()), name=f"output {self.job.job_id}"
+                self._read_output(self._output_of(process)), name=f"output {self.job.job_id}"
             ),
         ]
         pipes = self._rank_pipes
@@ -647,21 +653,44 @@ class JobRun:
 
     # --- the job's output ---------------------------------------------------------------
 
-    async def _read_output(self, blocks: AsyncIterator[bytes], rank: int | None = None) -> None:
-        """Copy ``blocks`` (of whole lines, ``process.line_blocks``) to the job's log and
-        tail: as they are for a job of one process; else each line a line of its own,
-        prefixed with ``rank`` (the launcher's own lines, ``rank`` None, without one). Each
-        block is handled at once, whatever its number of lines; past ``max_output_bytes``
-        its bytes are only counted as they came (``CappedFile.dropped``), without prefix
-        (but the rest of the block that passes it, prefixed already)."""
+    def _output_of(self, process: JobProcess) -> AsyncIterator[bytes]:
+        """The main process's output as ``_read_output`` takes it: for a job of one process
+        its bytes as read, whole lines or not; under torchrun its own lines, whole."""
+        return process.output() if self._ranks else process.chunks()
+
+    async def _read_output(self, output: AsyncIterator[bytes], rank: int | None = None) -> None:
+        """Copy ``output`` to the job's log and tail. A job of one process: ``output`` is
+        its bytes as read (``JobProcess.chunks``), written as they come, whole lines or not
+        (a progress bar's ``\\r`` updates show at once), and cut into lines for the tail
+        only (``process.LineCutter``: a partial last line is joined with what follows it).
+        A job of several: ``output`` is blocks of whole lines (``process.line_blocks``),
+        each line a line of its own prefixed with ``rank`` (the launcher's own lines,
+        ``rank`` None, without one). Each chunk or block is handled at once, whatever its
+        number of lines; past ``max_output_bytes`` its bytes are only counted as they came
+        (``CappedFile.dropped``), without prefix (but the rest of the block that passes it,
+        prefixed already)."""
+        if self._ranks:
+            async for block in output:
+                self._copy_output(block, [block], rank)
+            return
+        lines = LineCutter()
+        try:
+            async for chunk in output:
+                self._copy_output(chunk, lines.cut(chunk), None)
+        finally:  # a last line without a newline is the tail's too, even if cut short
+            self._copy_output(b"", lines.rest(), None)
+
+    def _copy_output(self, data: bytes, blocks: list[bytes], rank: int | None) -> None:
+        """Write ``data`` to the log (prefixed with ``rank`` for a job of several
+        processes) and the last lines of ``blocks`` (whole lines) to the tail."""
+        log_file = self._log_file
+        if log_file is not None and data:
+            # Flushed per chunk so `tail -f` follows along. Past the cap the block is only
+            # counted: no prefix is paid for bytes kept nowhere.
+            kept = self._ranks and not log_file.full
+            log_file.write(rank_lines(data, rank) if kept else data)
         count = self._tail_lines
-        async for block in blocks:
-            log_file = self._log_file
-            if log_file is not None:
-                # Flushed per block so `tail -f` follows along. Past the cap the block is
-                # only counted: no prefix is paid for bytes kept nowhere.
-                kept = self._ranks and not log_file.full
-                log_file.write(rank_lines(block, rank) if kept else block)
+        for block in blocks:
             # Each line as the log holds it; an empty one is a line of the tail too.
             for line in last_lines(block, count):
                 if self._ranks:

@@ -78,7 +78,7 @@ async def test_a_job_of_one_process_flooding_tiny_lines_is_copied_per_chunk(
     # Before: a line at a time, a million writes to the log (and awaits, and tail lines).
     run = job_run(tmp_path, ())
     job = await JobProcess.start(flooder([]), cwd=tmp_path, env={})
-    await asyncio.wait_for(run._read_output(job.output()), 60)  # a bound for a hang only
+    await asyncio.wait_for(run._read_output(run._output_of(job)), 60)  # a bound for a hang
     assert await job.wait() == 0
     job.close()
     log_file = run._log_file
@@ -240,3 +240,78 @@ async def test_closing_a_pipe_ends_its_reader_waiting_for_output(
         assert await asyncio.wait_for(reader, 30) == []  # a bound for a hang only
     finally:
         os.close(write_fd)
+
+
+PROGRESS = """
+import sys
+sys.stdout.buffer.write(b"50%\\r")
+sys.stdout.flush()
+open(sys.argv[1], "rb").read(1)  # waits for the test to let it go on
+sys.stdout.buffer.write(b"100%\\n")
+"""
+
+
+async def test_a_progress_update_of_one_process_is_in_its_log_before_its_line_ends(
+    tmp_path: Path,
+) -> None:
+    # Before: held back until a newline or 64 KiB came, so `trainyard logs -f` of a job
+    # drawing a progress bar (`\r` updates, no newline) looked stalled for minutes.
+    run = job_run(tmp_path, ())
+    go_on = tmp_path / "go-on"
+    os.mkfifo(go_on)
+    log_path = tmp_path / "alloc-1.log"
+    job = await JobProcess.start([sys.executable, "-c", PROGRESS, str(go_on)], cwd=tmp_path, env={})
+    try:
+        reader = asyncio.create_task(run._read_output(run._output_of(job)))
+
+        async def logged(expected: bytes) -> None:
+            while log_path.read_bytes() != expected:
+                await asyncio.sleep(0.01)
+
+        await asyncio.wait_for(logged(b"50%\r"), 30)  # a bound for a hang only
+        await asyncio.to_thread(go_on.write_bytes, b".")  # what the job waits for to go on
+        assert await asyncio.wait_for(job.wait(), 30) == 0
+        await asyncio.wait_for(reader, 30)
+    finally:
+        job.kill_group()
+        job.close()
+    assert log_path.read_bytes() == b"50%\r100%\n"
+    assert run._tail.text() == "50%\r100%"
+
+
+async def test_the_tail_of_one_process_joins_a_line_written_across_chunks(
+    tmp_path: Path,
+) -> None:
+    # Its bytes go to the log as they come; its tail has the lines they make.
+    run = job_run(tmp_path, ())
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for chunk in (b"ep", b"och 1\nlo", b"ss 0.4\n10%\r", b"20%\r", b"\nlast wo", b"rds"):
+            yield chunk
+
+    await run._read_output(chunks())
+    assert run._log_file is not None
+    run._log_file.close()
+    assert (tmp_path / "alloc-1.log").read_bytes() == (b"epoch 1\nloss 0.4\n10%\r20%\r\nlast words")
+    assert run._tail.text() == "loss 0.4\n10%\r20%\nlast words"
+
+
+async def test_the_log_of_one_process_past_the_cap_is_what_it_wrote_up_to_there(
+    tmp_path: Path,
+) -> None:
+    # Written as read, the log may hold a line an earlier chunk began (a progress update):
+    # the chunk that passes the cap keeps only its whole lines that fit (none here), the
+    # notice starts a line of its own, and the tail still has the job's last words.
+    run = job_run(tmp_path, (), limit=10)
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for chunk in (b"50%\r", b"60%\r70%\r80%\r\n", b"done\n"):
+            yield chunk
+
+    await run._read_output(chunks())
+    log_file = run._log_file
+    assert log_file is not None
+    log_file.close()
+    assert (tmp_path / "alloc-1.log").read_bytes() == b"50%\r" + NOTICE
+    assert log_file.dropped == len(b"60%\r70%\r80%\r\ndone\n")
+    assert run._tail.text() == "50%\r60%\r70%\r80%\ndone"
