@@ -13,8 +13,8 @@ output read from a pipe of its own (``process.RankPipes``), each line whole, end
 newline and prefixed with its rank (``logstream.rank_lines``). Output is handled a chunk at
 a time (as read for a job of one process, whose progress bars are not held back; in blocks
 of whole lines, ``process.line_blocks``, for a rank's), never a line at a time: what a
-job's output costs the runner is bounded by its bytes, even past ``max_output_bytes``. A stop request
-(revocation, runner shutdown, max runtime) sends SIGTERM and, after its grace, SIGKILL to
+job's output costs the runner is bounded by its bytes, even past ``max_output_bytes``. A
+stop request (revocation, runner shutdown, max runtime) sends SIGTERM and, after its grace, SIGKILL to
 the job's process group; the earliest deadline wins, the first reason is kept. So does a
 job over its disk limit: its sandbox is measured every few seconds (``disk_watch``), and it
 fails as ``user_error`` naming the limit.
