@@ -53,6 +53,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from trainyard_platform.services.runner.domain import MemoryEvidence
+
 log = logging.getLogger(__name__)
 
 CONTROLLERS = ("memory", "pids", "cpu", "devices")
@@ -371,31 +373,84 @@ class JobCgroup:
         """The ``cgroup.procs`` files a process writes ``0`` to, to join the attempt."""
         return tuple(os.fsencode(folder / "cgroup.procs") for folder in self.folders)
 
-    def oom_kills(self) -> int:
-        """How many processes of the attempt its memory limit's OOM killer killed (v2:
-        ``memory.events`` ``oom_kill``; v1: ``memory.oom_control`` ``oom_kill``); 0 when
-        there is no memory controller or the kernel does not count them."""
-        if self.memory is None or self.memory_folder is None:
-            return 0
-        name = "memory.events" if self.memory.version == 2 else "memory.oom_control"
+    def _memory_counters(self, name: str) -> dict[str, int] | None:
+        """The ``key value`` lines of the attempt's memory file ``name`` (None: unreadable)."""
+        if self.memory_folder is None:
+            return None
         try:
             text = (self.memory_folder / name).read_text()
         except OSError:
-            return 0
+            return None
+        counters: dict[str, int] = {}
         for line in text.splitlines():
             key, _, value = line.partition(" ")
-            if key == "oom_kill" and value.strip().isdigit():
-                return int(value)
-        return 0
+            if value.strip().isdigit():
+                counters[key] = int(value)
+        return counters
 
-    def memory_exceeded(self) -> str | None:
-        """Why the attempt failed when its memory limit killed a process of it (the field
-        and the numbers, for the job's owner), else None."""
-        if self.limit is None or self.oom_kills() == 0:
+    def _count(self, name: str) -> int | None:
+        """The number in the attempt's single-value memory file ``name`` (None: none)."""
+        if self.memory_folder is None:
             return None
-        return (
-            f"the job exceeded its memory limit of {self.limit.describe()} and was killed by "
-            "the kernel; declare more memory_gib_per_gpu, or use less memory"
+        try:
+            text = (self.memory_folder / name).read_text().strip()
+        except OSError:
+            return None
+        return int(text) if text.isdigit() else None
+
+    def _v1_limit_reached(self) -> bool | None:
+        """Whether the attempt's v1 memory (or memory+swap) limit was reached: a charge
+        failed there (``failcnt``; a kernel that limits memory+swap too may count none) or
+        the peak (``max_usage_in_bytes``) is the limit. None: none of it can be read."""
+        known = False
+        for prefix in ("memory.", "memory.memsw."):
+            failures = self._count(f"{prefix}failcnt")
+            peak = self._count(f"{prefix}max_usage_in_bytes")
+            limit = self._count(f"{prefix}limit_in_bytes")
+            known = known or failures is not None or peak is not None
+            if failures or (peak is not None and limit is not None and peak >= limit):
+                return True
+        return False if known else None
+
+    def memory_evidence(self) -> MemoryEvidence | None:
+        """What the kernel recorded of the attempt's memory, to be read before ``remove``
+        (None: there is no memory controller, or its files cannot be read, so nothing to
+        confirm an out-of-memory kill by).
+
+        - OOM kills: v2 ``memory.events`` ``oom_kill``, v1 ``memory.oom_control``
+          ``oom_kill`` (kernels before 4.13 have no such field); the kernel counts there
+          the attempt's processes killed by any OOM killer, its limit's or the host's.
+        - Its own limit reached: v2 ``memory.events`` ``oom`` (the limit's OOM killer was
+          called), v1 ``_v1_limit_reached`` (a charge failed at the limit, or the peak use
+          is the limit, of memory or of memory+swap).
+
+        A kill with the limit reached is the limit's (``limit_kill``, naming the limit; a
+        v1 kernel that does not count kills: the limit reached is taken for one); a kill
+        without it is the host's (``host_oom_kill``)."""
+        if self.memory is None:
+            return None
+        if self.memory.version == 2:
+            events = self._memory_counters("memory.events")
+            if events is None:
+                return None
+            kills: int | None = events.get("oom_kill", 0)
+            reached = events.get("oom", 0) > 0
+        else:
+            control = self._memory_counters("memory.oom_control")
+            reached = self._v1_limit_reached()
+            if control is None and reached is None:
+                return None
+            kills = control.get("oom_kill") if control is not None else None
+            reached = bool(reached)
+        if kills == 0 or (kills is None and not reached):
+            return MemoryEvidence()
+        if not reached or self.limit is None:
+            return MemoryEvidence(host_oom_kill=True)
+        return MemoryEvidence(
+            limit_kill=(
+                f"the job exceeded its memory limit of {self.limit.describe()} and was killed "
+                "by the kernel; declare more memory_gib_per_gpu, or use less memory"
+            )
         )
 
     def remove(self) -> None:

@@ -310,10 +310,24 @@ class Outcome:
 _OOM_MARKERS = ("CUDA out of memory", "OutOfMemoryError", "MemoryError", "Killed: out of memory")
 
 
-def looks_out_of_memory(exit_code: int, log_tail: str) -> bool:
-    """A job the kernel's OOM killer ended (SIGKILL the runner did not send) or whose last
-    output names an out-of-memory error."""
-    return exit_code == -signal.SIGKILL or any(m in log_tail for m in _OOM_MARKERS)
+@dataclass(frozen=True)
+class MemoryEvidence:
+    """What the kernel recorded in an attempt's memory cgroup, read before the cgroup is
+    removed (``cgroups.JobCgroup.memory_evidence``): the evidence ``decide_outcome`` judges
+    a SIGKILL by."""
+
+    limit_kill: str | None = None
+    """Why the attempt failed when its own memory limit's OOM killer killed a process of
+    it (naming the limit and where it comes from), else None."""
+    host_oom_kill: bool = False
+    """An OOM killer killed a process of the attempt although its own limit was never
+    reached: the node (or the runner's own cgroup) ran out of memory, not the job."""
+
+
+def names_out_of_memory(log_tail: str) -> bool:
+    """Whether the job's last output names an out-of-memory error of its own (Python's, or
+    CUDA's, which no cgroup counts)."""
+    return any(m in log_tail for m in _OOM_MARKERS)
 
 
 def describe_exit(exit_code: int | None) -> str:
@@ -353,7 +367,7 @@ def decide_outcome(
     log_tail: str = "",
     *,
     torchrun: bool = False,
-    memory_exceeded: str | None = None,
+    memory: MemoryEvidence | None = None,
 ) -> Outcome:
     """How a job that exited with ``exit_code`` ended, given why the runner stopped it.
 
@@ -368,14 +382,23 @@ def decide_outcome(
       CANCELLED). Exit 75 is the clean case; any other status (killed after the grace, a
       crash while checkpointing) is still the platform's doing, so still preempted; the job
       resumes from its last reported checkpoint.
-    - Its cgroup's memory limit killed a process of it (``memory_exceeded``: why, naming
+    - Its cgroup's memory limit killed a process of it (``memory.limit_kill``: why, naming
       the limit and where it comes from): failed as ``out_of_memory`` with that reason,
       torchrun or not (the job's own doing: restarted like ``user_error``, never the
       platform's).
+    - An OOM killer killed a process of it while its own limit was never reached
+      (``memory.host_oom_kill``): failed as ``platform_error``, this node's fault
+      (``node_fault``): the node ran out of memory, not the job.
     - Exit 75 without a stop request: failed (the job was not asked to stop).
-    - Anything else: failed, as ``out_of_memory`` when ``looks_out_of_memory``, else
-      ``user_error``. Under ``torchrun`` (which exits 1 whatever its worker did) the
-      worker's exit code that torchrun reported (``torchrun_worker_exit``) is the one
+    - Anything else: failed, as ``out_of_memory`` when its last output names an
+      out-of-memory error (``names_out_of_memory``), else ``user_error``; a SIGKILL the
+      runner did not send is judged by the attempt's cgroup: with none to ask (``memory``
+      None: a runner that is not root, a host without the controller) it is taken for an
+      out of memory, the reason saying it is a guess; with one that recorded no OOM kill it
+      was someone else's (an operator, another process of the uid), failed as
+      ``user_error``, the reason naming the signal and that no OOM kill was recorded.
+      Under ``torchrun`` (which exits 1 whatever its worker did) the worker's exit code
+      that torchrun reported (``torchrun_worker_exit``) is the one
       classified and recorded, the reason naming its rank and torchrun's own exit.
     """
     if stop is not None and stop.kind == "platform":
@@ -388,12 +411,18 @@ def decide_outcome(
         return Outcome("succeeded", "exited with status 0", 0)
     if stop is not None:
         return Outcome("preempted", stop.reason, exit_code)
-    if memory_exceeded is not None:
-        return Outcome("failed", memory_exceeded, exit_code, "out_of_memory")
+    if memory is not None and memory.limit_kill is not None:
+        return Outcome("failed", memory.limit_kill, exit_code, "out_of_memory")
+    if memory is not None and memory.host_oom_kill:
+        why = (
+            f"{describe_exit(exit_code)}: the node's kernel OOM killer killed a process of the "
+            "job although the job was within its memory limit (the node ran out of memory)"
+        )
+        return Outcome("failed", why, exit_code, "platform_error", node_fault=True)
     worker = torchrun_worker_exit(log_tail) if torchrun else None
     if worker is not None and worker[1] != 0:
         rank, code = worker
-        failed = decide_outcome(code, None, log_tail)
+        failed = decide_outcome(code, None, log_tail, memory=memory)
         why = f"rank {rank}: {failed.reason} (torchrun {describe_exit(exit_code)})"
         return replace(failed, reason=why)
     if exit_code == PREEMPTED_EXIT_CODE:
@@ -404,10 +433,20 @@ def decide_outcome(
             exit_code,
             "user_error",
         )
-    if looks_out_of_memory(exit_code, log_tail):
-        return Outcome(
-            "failed", f"out of memory: {describe_exit(exit_code)}", exit_code, "out_of_memory"
+    if names_out_of_memory(log_tail):
+        why = f"out of memory: {describe_exit(exit_code)}"
+        return Outcome("failed", why, exit_code, "out_of_memory")
+    if exit_code == -signal.SIGKILL and memory is None:
+        # The kernel's OOM killer is the likeliest sender, but without the attempt's cgroup
+        # nothing confirms it: an operator or another process kills the same way.
+        why = f"{describe_exit(exit_code)}, likely out of memory: no cgroup to confirm"
+        return Outcome("failed", why, exit_code, "out_of_memory")
+    if exit_code == -signal.SIGKILL:
+        why = (
+            f"{describe_exit(exit_code)}, which the runner did not send; the job's cgroup "
+            "recorded no out-of-memory kill"
         )
+        return Outcome("failed", why, exit_code, "user_error")
     return Outcome("failed", describe_exit(exit_code), exit_code, "user_error")
 
 

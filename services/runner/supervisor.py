@@ -520,7 +520,7 @@ class JobRun:
             self.stop_request,
             self._tail.text(),
             torchrun=self._torchrun,
-            memory_exceeded=cgroup.memory_exceeded() if cgroup is not None else None,
+            memory=cgroup.memory_evidence() if cgroup is not None else None,
         )
         outcome = domain.with_lost_checkpoint(outcome, self._lost_checkpoint, self._last_checkpoint)
         if self._lost_checkpoint is None:

@@ -5,6 +5,9 @@ reason naming the field to change; a job within it runs to the end."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
 import textwrap
 from pathlib import Path
 
@@ -122,4 +125,61 @@ async def test_a_job_declaring_no_memory_is_limited_to_the_nodes_default(
     assert failed.reason.startswith(
         "the job exceeded its memory limit of 0.25 GiB (spec.memory_gib_per_gpu is 0, so the "
         "node's TRAINYARD_RUNNER_JOB_MEMORY_GIB_PER_GPU, 0.25 GiB x 1 GPU)"
+    )
+
+
+SLEEPER = textwrap.dedent(
+    """
+    import time
+    print("sleeping", flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def pids_running(cgroup: Path, marker: bytes) -> list[int]:
+    """The processes in ``cgroup`` whose command line holds ``marker``."""
+    pids: list[int] = []
+    with contextlib.suppress(OSError):
+        for pid in (cgroup / "cgroup.procs").read_text().split():
+            with contextlib.suppress(OSError):
+                if marker in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    pids.append(int(pid))
+    return pids
+
+
+async def job_pids(cgroup: Path, marker: bytes) -> list[int]:
+    """``pids_running``, once there are any."""
+    async with asyncio.timeout(30):
+        while not (pids := pids_running(cgroup, marker)):
+            await asyncio.sleep(0.05)
+    return pids
+
+
+async def test_a_job_killed_by_someone_else_is_not_out_of_memory(
+    settings: Settings,
+    start_runner: StartRunner,
+    bus: Bus,
+    events: EventLog,
+    tmp_path: Path,
+) -> None:
+    # An operator's kill -9 (or another process of the uid): a SIGKILL the runner did not
+    # send, but its cgroup counts no OOM kill, so the tenant is not told to raise memory.
+    await start_runner(settings)
+    folder = tmp_path / "sleeper"
+    folder.mkdir()
+    (folder / "sleeper.py").write_text(SLEEPER)
+    code = upload_bundle(open_store(settings.storage.uri), "team-a", folder)
+    granted = grant(settings.node_id, [], entrypoint="sleeper", gpu_indices=[0], code=code)
+    await publish(bus, granted, settings.node_id)
+
+    for pid in await job_pids(attempt_cgroup(settings, granted), b"sleeper"):
+        os.kill(pid, signal.SIGKILL)
+
+    failed = await events.first(JobFailed, granted.job_id)
+    assert failed.exit_code == -9
+    assert failed.failure_kind == "user_error"
+    assert failed.reason == (
+        "killed by SIGKILL, which the runner did not send; the job's cgroup recorded no "
+        "out-of-memory kill"
     )

@@ -181,40 +181,158 @@ def test_an_attempts_v2_cgroup_gets_its_limits_and_no_swap(tmp_path: Path) -> No
     assert not (no_limit.folders[0] / "memory.max").exists()
 
 
+V2_EVENTS = "low 0\nhigh 0\nmax {max}\noom {oom}\noom_kill {kills}\noom_group_kill 0\n"
+V1_CONTROL = "oom_kill_disable 0\nunder_oom 0\noom_kill {kills}\n"
+LIMIT_KILL = (
+    "the job exceeded its memory limit of 4 GiB (spec.memory_gib_per_gpu 2 x 2 GPUs) and "
+    "was killed by the kernel; declare more memory_gib_per_gpu, or use less memory"
+)
+
+
+def job_cgroup(folder: Path, version: int, files: dict[str, str]) -> JobCgroup:
+    """An attempt's cgroup whose memory folder is ``folder``, holding ``files``."""
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    limit = MemoryLimit(4 * GIB, "spec.memory_gib_per_gpu 2 x 2 GPUs")
+    return JobCgroup((folder,), Hierarchy(version, folder), folder, limit)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(
-    ("version", "file", "text"),
+    ("version", "files", "expected"),
     [
-        (1, "memory.oom_control", "oom_kill_disable 0\nunder_oom 0\noom_kill {n}\n"),
-        (2, "memory.events", "low 0\nhigh 0\nmax 12\noom 1\noom_kill {n}\noom_group_kill 0\n"),
+        # v2: the limit's OOM killer was called (``oom``) and killed (``oom_kill``).
+        (2, {"memory.events": V2_EVENTS.format(max=12, oom=1, kills=1)}, LIMIT_KILL),
+        # The limit was hit and reclaimed from: nothing killed.
+        (2, {"memory.events": V2_EVENTS.format(max=12, oom=0, kills=0)}, None),
+        (2, {"memory.events": V2_EVENTS.format(max=0, oom=0, kills=0)}, None),
+        # v1: a kill counted, the limit reached (failcnt).
+        (
+            1,
+            {"memory.oom_control": V1_CONTROL.format(kills=1), "memory.failcnt": "7\n"},
+            LIMIT_KILL,
+        ),
+        (1, {"memory.oom_control": V1_CONTROL.format(kills=0), "memory.failcnt": "7\n"}, None),
+        # v1 before kernel 4.13 counts no kills: the limit reached is taken for one.
+        (
+            1,
+            {"memory.oom_control": "oom_kill_disable 0\nunder_oom 0\n", "memory.failcnt": "3"},
+            LIMIT_KILL,
+        ),
+        (
+            1,
+            {"memory.oom_control": "oom_kill_disable 0\nunder_oom 0\n", "memory.failcnt": "0"},
+            None,
+        ),
+        (1, {"memory.failcnt": "0", "memory.memsw.failcnt": "2"}, LIMIT_KILL),
+        # A kernel limiting memory+swap as well counts no failure: the peak is the limit.
+        (
+            1,
+            {
+                "memory.oom_control": V1_CONTROL.format(kills=1),
+                "memory.failcnt": "0",
+                "memory.memsw.failcnt": "0",
+                "memory.max_usage_in_bytes": "67108864",
+                "memory.limit_in_bytes": "67108864",
+                "memory.memsw.max_usage_in_bytes": "67108864",
+                "memory.memsw.limit_in_bytes": "67108864",
+            },
+            LIMIT_KILL,
+        ),
     ],
 )
-def test_an_oom_kill_in_the_attempts_cgroup_names_the_limit_and_its_source(
-    tmp_path: Path, version: int, file: str, text: str
+def test_an_oom_kill_of_the_attempts_own_limit_names_the_limit_and_its_source(
+    tmp_path: Path, version: int, files: dict[str, str], expected: str | None
 ) -> None:
-    limit = MemoryLimit(4 * GIB, "spec.memory_gib_per_gpu 2 x 2 GPUs")
-    cgroup = JobCgroup((tmp_path,), Hierarchy(version, tmp_path), tmp_path, limit)  # type: ignore[arg-type]
-    (tmp_path / file).write_text(text.format(n=0))
-    assert cgroup.memory_exceeded() is None  # limits hit and reclaimed, nothing killed
-    (tmp_path / file).write_text(text.format(n=1))
-    assert cgroup.memory_exceeded() == (
-        "the job exceeded its memory limit of 4 GiB (spec.memory_gib_per_gpu 2 x 2 GPUs) and "
-        "was killed by the kernel; declare more memory_gib_per_gpu, or use less memory"
-    )
+    evidence = job_cgroup(tmp_path, version, files).memory_evidence()
+    assert evidence == domain.MemoryEvidence(limit_kill=expected)
+
+
+@pytest.mark.parametrize(
+    ("version", "files"),
+    [
+        (2, {"memory.events": V2_EVENTS.format(max=0, oom=0, kills=1)}),
+        (1, {"memory.oom_control": V1_CONTROL.format(kills=1), "memory.failcnt": "0\n"}),
+        (
+            1,
+            {
+                "memory.oom_control": V1_CONTROL.format(kills=1),
+                "memory.failcnt": "0",
+                "memory.max_usage_in_bytes": "1048576",
+                "memory.limit_in_bytes": "67108864",
+            },
+        ),
+    ],
+)
+def test_an_oom_kill_without_the_limit_reached_is_the_hosts(
+    tmp_path: Path, version: int, files: dict[str, str]
+) -> None:
+    # The kernel counts in ``oom_kill`` the kills of any OOM killer, the host's too.
+    evidence = job_cgroup(tmp_path, version, files).memory_evidence()
+    assert evidence == domain.MemoryEvidence(host_oom_kill=True)
     unlimited = JobCgroup((tmp_path,), Hierarchy(version, tmp_path), tmp_path, None)  # type: ignore[arg-type]
-    assert unlimited.memory_exceeded() is None
+    assert unlimited.memory_evidence() == domain.MemoryEvidence(host_oom_kill=True)
+
+
+def test_an_attempt_without_memory_files_has_no_evidence(tmp_path: Path) -> None:
+    assert job_cgroup(tmp_path, 2, {}).memory_evidence() is None
+    assert job_cgroup(tmp_path, 1, {}).memory_evidence() is None
+    no_memory = JobCgroup((tmp_path,), None, None, None)
+    assert no_memory.memory_evidence() is None
 
 
 def test_a_job_its_cgroup_killed_fails_as_out_of_memory_not_the_platforms() -> None:
     why = "the job exceeded its memory limit of 1 GiB (spec.memory_gib_per_gpu 1 x 1 GPU)"
-    outcome = domain.decide_outcome(-9, None, "", memory_exceeded=why)
+    memory = domain.MemoryEvidence(limit_kill=why)
+    outcome = domain.decide_outcome(-9, None, "", memory=memory)
     assert outcome == domain.Outcome("failed", why, -9, "out_of_memory")
     # torchrun exits 1 when its worker is killed: the cgroup's word is the one kept.
     tail = "Root Cause (first observed failure):\n  rank      : 0\n  exitcode  : -9\n"
-    assert domain.decide_outcome(1, None, tail, torchrun=True, memory_exceeded=why).reason == why
+    assert domain.decide_outcome(1, None, tail, torchrun=True, memory=memory).reason == why
     # A job that recovered (a killed data-loader worker) and exited 0 succeeded.
-    assert domain.decide_outcome(0, None, memory_exceeded=why).kind == "succeeded"
+    assert domain.decide_outcome(0, None, memory=memory).kind == "succeeded"
     stop = domain.StopRequest("revoked", "preempted")
-    assert domain.decide_outcome(-9, stop, memory_exceeded=why).kind == "preempted"
+    assert domain.decide_outcome(-9, stop, memory=memory).kind == "preempted"
+
+
+def test_a_sigkill_its_cgroup_recorded_no_oom_kill_for_is_not_out_of_memory(
+    tmp_path: Path,
+) -> None:
+    # An operator's kill -9, another process of the uid: the cgroup counts no OOM kill.
+    cgroup = job_cgroup(tmp_path, 2, {"memory.events": V2_EVENTS.format(max=0, oom=0, kills=0)})
+    outcome = domain.decide_outcome(-9, None, "", memory=cgroup.memory_evidence())
+    assert outcome == domain.Outcome(
+        "failed",
+        "killed by SIGKILL, which the runner did not send; the job's cgroup recorded no "
+        "out-of-memory kill",
+        -9,
+        "user_error",
+    )
+    # An out-of-memory error the job printed (CUDA's: no cgroup counts it) is still one.
+    cuda = domain.decide_outcome(
+        1, None, "torch.OutOfMemoryError: CUDA out of memory", memory=cgroup.memory_evidence()
+    )
+    assert cuda.failure_kind == "out_of_memory"
+
+
+def test_a_sigkill_by_the_hosts_oom_killer_is_the_nodes_fault(tmp_path: Path) -> None:
+    cgroup = job_cgroup(tmp_path, 2, {"memory.events": V2_EVENTS.format(max=0, oom=0, kills=1)})
+    outcome = domain.decide_outcome(-9, None, "", memory=cgroup.memory_evidence())
+    assert (outcome.kind, outcome.failure_kind, outcome.node_fault) == (
+        "failed",
+        "platform_error",
+        True,
+    )
+    assert "the node ran out of memory" in outcome.reason
+
+
+def test_a_sigkill_without_a_cgroup_to_ask_is_out_of_memory_said_as_a_guess() -> None:
+    outcome = domain.decide_outcome(-9, None, "", memory=None)
+    assert outcome == domain.Outcome(
+        "failed",
+        "killed by SIGKILL, likely out of memory: no cgroup to confirm",
+        -9,
+        "out_of_memory",
+    )
 
 
 def test_a_process_that_cannot_join_its_cgroup_never_runs(tmp_path: Path) -> None:

@@ -145,7 +145,16 @@ CANCELLED = StopRequest("revoked", "cancelled")
         (-9, REVOKED, Outcome("preempted", "preempted", -9)),
         (75, domain.shutdown_stop(), Outcome("preempted", "runner shutting down", 75)),
         (1, None, Outcome("failed", "exited with status 1", 1, "user_error")),
-        (-9, None, Outcome("failed", "out of memory: killed by SIGKILL", -9, "out_of_memory")),
+        (
+            -9,
+            None,
+            Outcome(
+                "failed",
+                "killed by SIGKILL, likely out of memory: no cgroup to confirm",
+                -9,
+                "out_of_memory",
+            ),
+        ),
         (
             0,
             domain.max_runtime_stop(60),
@@ -392,7 +401,14 @@ def test_under_torchrun_the_failure_names_the_workers_exit_code() -> None:
     )
     killed = domain.decide_outcome(1, None, TORCHRUN_TAIL.format(code=-9), torchrun=True)
     assert (killed.exit_code, killed.failure_kind) == (-9, "out_of_memory")
-    assert killed.reason.startswith("rank 1: out of memory: killed by SIGKILL")
+    assert killed.reason.startswith(
+        "rank 1: killed by SIGKILL, likely out of memory: no cgroup to confirm"
+    )
+    # With the attempt's cgroup recording no OOM kill, the worker's SIGKILL was not one.
+    watched = domain.decide_outcome(
+        1, None, TORCHRUN_TAIL.format(code=-9), torchrun=True, memory=domain.MemoryEvidence()
+    )
+    assert (watched.exit_code, watched.failure_kind) == (-9, "user_error")
     # Without torchrun, or without its report, the process's own exit code stands.
     plain = domain.decide_outcome(1, None, TORCHRUN_TAIL.format(code=3))
     assert plain == Outcome("failed", "exited with status 1", 1, "user_error")
