@@ -398,19 +398,17 @@ class JobCgroup:
             return None
         return int(text) if text.isdigit() else None
 
-    def _v1_limit_reached(self) -> bool | None:
+    def _v1_limit_reached(self) -> bool:
         """Whether the attempt's v1 memory (or memory+swap) limit was reached: a charge
         failed there (``failcnt``; a kernel that limits memory+swap too may count none) or
-        the peak (``max_usage_in_bytes``) is the limit. None: none of it can be read."""
-        known = False
+        the peak (``max_usage_in_bytes``) is the limit."""
         for prefix in ("memory.", "memory.memsw."):
             failures = self._count(f"{prefix}failcnt")
             peak = self._count(f"{prefix}max_usage_in_bytes")
             limit = self._count(f"{prefix}limit_in_bytes")
-            known = known or failures is not None or peak is not None
             if failures or (peak is not None and limit is not None and peak >= limit):
                 return True
-        return False if known else None
+        return False
 
     def memory_evidence(self) -> MemoryEvidence | None:
         """What the kernel recorded of the attempt's memory, to be read before ``remove``
@@ -424,25 +422,22 @@ class JobCgroup:
           called), v1 ``_v1_limit_reached`` (a charge failed at the limit, or the peak use
           is the limit, of memory or of memory+swap).
 
-        A kill with the limit reached is the limit's (``limit_kill``, naming the limit; a
-        v1 kernel that does not count kills: the limit reached is taken for one); a kill
-        without it is the host's (``host_oom_kill``)."""
+        A kill with the limit reached is the limit's (``limit_kill``, naming the limit); a
+        kill without it is the host's (``host_oom_kill``). A v1 kernel that counts no kills
+        gives no evidence (None): a limit reached and reclaimed from tells nothing of a kill."""
         if self.memory is None:
             return None
         if self.memory.version == 2:
             events = self._memory_counters("memory.events")
-            if events is None:
-                return None
-            kills: int | None = events.get("oom_kill", 0)
-            reached = events.get("oom", 0) > 0
+            kills = events.get("oom_kill") if events is not None else None
+            reached = events is not None and events.get("oom", 0) > 0
         else:
             control = self._memory_counters("memory.oom_control")
-            reached = self._v1_limit_reached()
-            if control is None and reached is None:
-                return None
             kills = control.get("oom_kill") if control is not None else None
-            reached = bool(reached)
-        if kills == 0 or (kills is None and not reached):
+            reached = self._v1_limit_reached()
+        if kills is None:
+            return None
+        if kills == 0:
             return MemoryEvidence()
         if not reached or self.limit is None:
             return MemoryEvidence(host_oom_kill=True)

@@ -393,9 +393,9 @@ def decide_outcome(
     - Anything else: failed, as ``out_of_memory`` when its last output names an
       out-of-memory error (``names_out_of_memory``), else ``user_error``; a SIGKILL the
       runner did not send is judged by the attempt's cgroup: with none to ask (``memory``
-      None: a runner that is not root, a host without the controller) it is taken for an
-      out of memory, the reason saying it is a guess; with one that recorded no OOM kill it
-      was someone else's (an operator, another process of the uid), failed as
+      None: a runner that is not root, a host without the controller, a kernel that counts
+      no OOM kills) it is taken for an out of memory, the reason saying it is a guess; with
+      one that recorded no OOM kill it was someone else's (an operator, another process of the uid), failed as
       ``user_error``, the reason naming the signal and that no OOM kill was recorded.
       Under ``torchrun`` (which exits 1 whatever its worker did) the worker's exit code
       that torchrun reported (``torchrun_worker_exit``) is the one
