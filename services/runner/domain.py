@@ -395,11 +395,11 @@ def decide_outcome(
       runner did not send is judged by the attempt's cgroup: with none to ask (``memory``
       None: a runner that is not root, a host without the controller, a kernel that counts
       no OOM kills) it is taken for an out of memory, the reason saying it is a guess; with
-      one that recorded no OOM kill it was someone else's (an operator, another process of the uid), failed as
-      ``user_error``, the reason naming the signal and that no OOM kill was recorded.
-      Under ``torchrun`` (which exits 1 whatever its worker did) the worker's exit code
-      that torchrun reported (``torchrun_worker_exit``) is the one
-      classified and recorded, the reason naming its rank and torchrun's own exit.
+      one that recorded no OOM kill it was someone else's (an operator, another process of
+      the uid), failed as ``user_error``, the reason naming the signal and that no OOM kill
+      was recorded. Under ``torchrun`` (which exits 1 whatever its worker did) the worker's
+      exit code that torchrun reported (``torchrun_worker_exit``) is the one classified and
+      recorded, the reason naming its rank and torchrun's own exit.
     """
     if stop is not None and stop.kind == "platform":
         return Outcome("failed", stop.reason, exit_code, "platform_error", node_fault=True)
