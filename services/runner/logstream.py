@@ -56,6 +56,9 @@ class CappedFile:
         self._limit = limit
         self._notice = notice
         self.dropped = 0
+        # Whether what was written last ends inside a line (a progress bar's ``\r`` update
+        # of a job of one process): a line of the platform's then starts a line of its own.
+        self._within_line = False
 
     @property
     def closed(self) -> bool:
@@ -74,13 +77,21 @@ class CappedFile:
                 self._file.write(data[:fits] + self._notice)
                 self._file.flush()
                 self._written += fits
+                self._within_line = not (data[:fits] + self._notice).endswith(b"\n")
                 data = data[fits:]
             self.dropped += len(data)
             return False
         self._file.write(data)
         self._file.flush()
         self._written += len(data)
+        if data:
+            self._within_line = not data.endswith(b"\n")
         return True
+
+    def say(self, line: bytes) -> bool:
+        """Append ``line``, one of the platform's own (``[trainyard: ...]\n``), on a line of
+        its own: after a newline when the output written so far ends inside a line."""
+        return self.write(b"\n" + line if self._within_line else line)
 
     def close(self) -> None:
         self._file.close()

@@ -849,7 +849,7 @@ class JobRun:
         """Tell the job, in its own log, what ``metric_limits`` dropped (when it is time)."""
         notice = self._limits.notice(time.monotonic(), final=final)
         if notice is not None and self._log_file is not None and not self._log_file.closed:
-            self._log_file.write(notice.encode())
+            self._log_file.say(notice.encode())
 
     def _record_metrics(self, step: int, metrics: dict[str, float]) -> bool:
         """One line of the job's metric series (shipped with its log); False once the series
@@ -984,7 +984,7 @@ class JobRun:
             self._warn("checkpoint refused", "job %s: checkpoint of step %d refused: %s", step, why)
             if self._log_file is not None and not self._log_file.closed:
                 # The job's own log: its author reads that, not the runner's.
-                self._log_file.write(
+                self._log_file.say(
                     f"[trainyard: checkpoint of step {step} not uploaded: {why}]\n".encode()
                 )
             return

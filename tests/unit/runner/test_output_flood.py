@@ -315,3 +315,21 @@ async def test_the_log_of_one_process_past_the_cap_is_what_it_wrote_up_to_there(
     assert (tmp_path / "alloc-1.log").read_bytes() == b"50%\r" + NOTICE
     assert log_file.dropped == len(b"60%\r70%\r80%\r\ndone\n")
     assert run._tail.text() == "50%\r60%\r70%\r80%\ndone"
+
+
+def test_a_line_of_the_platforms_starts_a_line_of_its_own_after_a_progress_update(
+    tmp_path: Path,
+) -> None:
+    # A job of one process has its output written as read, so its log may end inside a
+    # line (``50%\r``): the platform's notice must not run on into the job's bar, nor add
+    # an empty line after a line that ended.
+    log = CappedFile(tmp_path / "out.log", 1 << 20)
+    log.write(b"epoch 1\n50%\r")
+    log.say(b"[trainyard: 3 metric reports dropped]\n")
+    log.write(b"100%\n")
+    log.say(b"[trainyard: checkpoint of step 2 not uploaded]\n")
+    log.close()
+    assert (tmp_path / "out.log").read_bytes() == (
+        b"epoch 1\n50%\r\n[trainyard: 3 metric reports dropped]\n100%\n"
+        b"[trainyard: checkpoint of step 2 not uploaded]\n"
+    )
