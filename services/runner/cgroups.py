@@ -423,7 +423,8 @@ class JobCgroup:
           is the limit, of memory or of memory+swap).
 
         A kill with the limit reached is the limit's (``limit_kill``, naming the limit); a
-        kill without it is the host's (``host_oom_kill``). A v1 kernel that counts no kills
+        kill without it is the host's (``host_oom_kill``, which ``decide_outcome`` still
+        does not blame on the node: the job may have exhausted it). A v1 kernel that counts no kills
         gives no evidence (None): a limit reached and reclaimed from tells nothing of a kill."""
         if self.memory is None:
             return None

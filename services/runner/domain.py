@@ -321,7 +321,9 @@ class MemoryEvidence:
     it (naming the limit and where it comes from), else None."""
     host_oom_kill: bool = False
     """An OOM killer killed a process of the attempt although its own limit was never
-    reached: the node (or the runner's own cgroup) ran out of memory, not the job."""
+    reached (or it had none): the node (or the runner's own cgroup) ran out of memory. Who
+    exhausted it is not known: the job itself may have (a limit declared past the node's
+    memory, memory its cgroup does not count), so it is not the node's fault."""
 
 
 def names_out_of_memory(log_tail: str) -> bool:
@@ -387,8 +389,12 @@ def decide_outcome(
       torchrun or not (the job's own doing: restarted like ``user_error``, never the
       platform's).
     - An OOM killer killed a process of it while its own limit was never reached
-      (``memory.host_oom_kill``): failed as ``platform_error``, this node's fault
-      (``node_fault``): the node ran out of memory, not the job.
+      (``memory.host_oom_kill``): failed as ``out_of_memory``, the reason saying the node
+      ran out of memory while the job was within its limit. Never ``platform_error`` nor
+      ``node_fault``: the runner cannot tell whether others exhausted the node or the job
+      did (a limit declared past the node's memory, memory its cgroup does not count such
+      as pinned host memory), and a tenant able to reach the host's OOM killer at will
+      would otherwise get retries the platform pays for and cordon a node others use.
     - Exit 75 without a stop request: failed (the job was not asked to stop).
     - Anything else: failed, as ``out_of_memory`` when its last output names an
       out-of-memory error (``names_out_of_memory``), else ``user_error``; a SIGKILL the
@@ -414,11 +420,13 @@ def decide_outcome(
     if memory is not None and memory.limit_kill is not None:
         return Outcome("failed", memory.limit_kill, exit_code, "out_of_memory")
     if memory is not None and memory.host_oom_kill:
+        # Not the node's fault: the job may have exhausted the node itself (see above).
         why = (
             f"{describe_exit(exit_code)}: the node's kernel OOM killer killed a process of the "
-            "job although the job was within its memory limit (the node ran out of memory)"
+            "job, not its own memory limit (the node ran out of memory, which the job may "
+            "have caused: not counted as the platform's)"
         )
-        return Outcome("failed", why, exit_code, "platform_error", node_fault=True)
+        return Outcome("failed", why, exit_code, "out_of_memory")
     worker = torchrun_worker_exit(log_tail) if torchrun else None
     if worker is not None and worker[1] != 0:
         rank, code = worker

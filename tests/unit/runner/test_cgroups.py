@@ -306,15 +306,28 @@ def test_a_sigkill_its_cgroup_recorded_no_oom_kill_for_is_not_out_of_memory(
     assert cuda.failure_kind == "out_of_memory"
 
 
-def test_a_sigkill_by_the_hosts_oom_killer_is_the_nodes_fault(tmp_path: Path) -> None:
+@pytest.mark.parametrize("exit_code", [-9, 1])
+def test_an_oom_kill_by_the_host_is_never_the_platforms_nor_the_nodes(
+    tmp_path: Path, exit_code: int
+) -> None:
+    # A tenant reaches the host's OOM killer at will, its own limit never reached: it
+    # declares more memory than the node has (up to 16384 GiB per GPU), or allocates what
+    # its cgroup does not count (pinned host memory). Blaming the node would give it free
+    # retries billed to the platform and cordon a node other teams use; whether others
+    # exhausted the node cannot be known, so it is the job's out of memory.
     cgroup = job_cgroup(tmp_path, 2, {"memory.events": V2_EVENTS.format(max=0, oom=0, kills=1)})
-    outcome = domain.decide_outcome(-9, None, "", memory=cgroup.memory_evidence())
+    outcome = domain.decide_outcome(exit_code, None, "", memory=cgroup.memory_evidence())
     assert (outcome.kind, outcome.failure_kind, outcome.node_fault) == (
         "failed",
-        "platform_error",
-        True,
+        "out_of_memory",
+        False,
     )
-    assert "the node ran out of memory" in outcome.reason
+    assert "the node's kernel OOM killer killed a process of the job" in outcome.reason
+    assert "not its own memory limit" in outcome.reason
+    # Under torchrun the same, whatever the worker's exit.
+    tail = "Root Cause (first observed failure):\n  rank      : 0\n  exitcode  : -9\n"
+    torchrun = domain.decide_outcome(1, None, tail, torchrun=True, memory=cgroup.memory_evidence())
+    assert (torchrun.failure_kind, torchrun.node_fault) == ("out_of_memory", False)
 
 
 def test_a_sigkill_without_a_cgroup_to_ask_is_out_of_memory_said_as_a_guess() -> None:
