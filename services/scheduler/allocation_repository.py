@@ -6,7 +6,7 @@ scheduling lock held). Tables are unqualified: the pool's ``search_path`` is the
 from __future__ import annotations
 
 import uuid
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 
 import asyncpg
@@ -158,14 +158,18 @@ async def release_allocations(
     releases: Sequence[tuple[str, datetime, Outcome]],
     stopping: Collection[str] = (),
     now: datetime | None = None,
+    unreported: Mapping[str, float] | None = None,
 ) -> None:
     """End these allocations, each ``(allocation id, released at, outcome)``, and free their
     GPUs, except those of the allocations in ``stopping`` (their runner has not said their
     processes are gone): their leases stay live, stopping since ``now`` (required with
-    ``stopping``), until ``free_stopped``, ``free_unlisted`` or ``free_stopping_on``."""
+    ``stopping``), until ``free_stopped``, ``free_unlisted`` or ``free_stopping_on``.
+    ``unreported``: the GPU-seconds charged to the team's usage as of ``now`` for each
+    allocation whose runner has not reported its end (migration 0019; ``settle_unreported``)."""
     if not releases:
         return
-    if stopping and now is None:
+    unreported = unreported or {}
+    if (stopping or unreported) and now is None:
         raise ValueError("now: required when some allocations are still stopping")
     await conn.execute(
         "WITH ended AS (SELECT * FROM unnest($1::uuid[], $2::timestamptz[], $3::text[], "
@@ -179,15 +183,53 @@ async def release_allocations(
         "                WHERE l.allocation_id = ended.allocation_id "
         "                  AND l.released_at IS NULL) "
         "UPDATE allocations a SET status = $4, released_at = ended.released_at, "
-        "                         outcome = ended.outcome "
-        "FROM ended WHERE a.allocation_id = ended.allocation_id",
+        "                         outcome = ended.outcome, "
+        "                         unreported_charge = ended.charge, "
+        "                         unreported_charge_at = CASE WHEN ended.charge IS NOT NULL "
+        "                                                     THEN $6::timestamptz END "
+        "FROM (SELECT e.*, c.charge FROM ended e "
+        "      LEFT JOIN unnest($7::uuid[], $8::float8[]) AS c(allocation_id, charge) "
+        "      USING (allocation_id)) AS ended "
+        "WHERE a.allocation_id = ended.allocation_id",
         [uuid.UUID(allocation_id) for allocation_id, _, _ in releases],
         [released_at for _, released_at, _ in releases],
         [outcome for _, _, outcome in releases],
         AllocationStatus.RELEASED.value,
         [allocation_id in stopping for allocation_id, _, _ in releases],
         now,
+        [uuid.UUID(allocation_id) for allocation_id in unreported],
+        list(unreported.values()),
     )
+
+
+# --- Charges of allocations released before their runner reported (migration 0019) ------
+
+
+async def settle_unreported(
+    conn: asyncpg.Connection, allocation_id: str, node_id: str, epoch: int
+) -> tuple[float, datetime] | None:
+    """The first end report of ``allocation_id``'s own runner (``node_id`` and ``epoch`` as
+    granted) heard after its release: clear the charge its release left open and return it,
+    ``(GPU-seconds, charged at)``; None when none is open (never charged, settled already, or
+    the report does not name the allocation as granted). Once only: the row is updated."""
+    try:
+        key = uuid.UUID(allocation_id)
+    except ValueError:
+        return None
+    row = await conn.fetchrow(
+        "UPDATE allocations a SET unreported_charge = NULL, unreported_charge_at = NULL "
+        "FROM (SELECT unreported_charge, unreported_charge_at FROM allocations "
+        "      WHERE allocation_id = $1 FOR UPDATE) AS old "
+        "WHERE a.allocation_id = $1 AND a.node_id = $2 AND a.epoch = $3 "
+        "  AND a.released_at IS NOT NULL AND old.unreported_charge IS NOT NULL "
+        "RETURNING old.unreported_charge, old.unreported_charge_at",
+        key,
+        node_id,
+        epoch,
+    )
+    if row is None:
+        return None
+    return float(row["unreported_charge"]), row["unreported_charge_at"]
 
 
 # --- GPUs still being stopped on (migration 0018) --------------------------------------

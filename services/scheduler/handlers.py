@@ -77,6 +77,7 @@ from trainyard_platform.services.scheduler.leases import (
     apply_endings,
     fence_revocation,
     plan_end,
+    refund_late_platform_failure,
 )
 from trainyard_platform.services.scheduler.scheduling import Clock, Tuning, emit, utc_now
 from trainyard_platform.shared import outbox
@@ -618,6 +619,10 @@ class SchedulerHandlers:
                 # The end of an allocation that ended here already: its processes are gone,
                 # so the GPUs kept leased while it stopped are free (leases).
                 freed = await self._free_stopped(conn, report, now)
+            if job is not None and stale:
+                # Its runner's first word after the release: a platform failure, which
+                # billing reverses the bill of, takes the release's charge off the usage.
+                await self._refund(conn, job, report, now)
             if job is not None and stale and isinstance(report, JobSucceeded):
                 # Perhaps a lost node's real result: kept, not fenced (late_success).
                 tuning = self._tuning
@@ -642,6 +647,24 @@ class SchedulerHandlers:
                 )
             )
             return False
+
+    async def _refund(
+        self, conn: asyncpg.Connection, job: Job, report: EndReport, now: datetime
+    ) -> None:
+        """Settle the charge of the released allocation ``report`` names
+        (``leases.refund_late_platform_failure``), logging what it took back."""
+        team = job.spec.team
+        half_life_s = self._tuning.half_life_s
+        refund = await refund_late_platform_failure(conn, team, report, now, half_life_s)
+        if refund > 0:
+            log.info(
+                "allocation %s of job %s failed through the platform after its release: "
+                "%.0f GPU-second(s) taken off team %s's fair-share usage",
+                report.allocation_id,
+                report.job_id,
+                refund,
+                team,
+            )
 
     async def _free_stopped(
         self, conn: asyncpg.Connection, report: EndReport, now: datetime

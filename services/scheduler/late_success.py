@@ -113,15 +113,19 @@ async def accept_late_success(
     ]
     if verdict.job_succeeds:
         releases: list[tuple[str, datetime, Outcome]] = []
+        unreported: dict[str, float] = {}  # settled by their runners' reports (leases)
         for newer in live:
             stopped_at = max(now, newer.granted_at)
             releases.append((newer.allocation_id, stopped_at, "cancelled"))
-            gpu_seconds += len(newer.gpu_indices) * (stopped_at - newer.granted_at).total_seconds()
+            charged = len(newer.gpu_indices) * (stopped_at - newer.granted_at).total_seconds()
+            gpu_seconds += charged
+            if charged > 0:
+                unreported[newer.allocation_id] = charged
             events.append(_released(job, newer, stopped_at, "cancelled"))
             events.append(fence_revocation(newer, newer.node_id, tuning.cancel_grace_s))
         # Their runners were only told to stop: their GPUs stay leased while they do.
         stopping = [allocation_id for allocation_id, _, _ in releases]
-        await allocation_repo.release_allocations(conn, releases, stopping, now)
+        await allocation_repo.release_allocations(conn, releases, stopping, now, unreported)
         reason = (
             f"succeeded: {verdict.reason} (allocation {allocation.allocation_id}); not run again"
         )

@@ -10,9 +10,10 @@ Contract:
   failed through the platform (``JobFailed.through_platform``, the rule billing charges by)
   adds nothing to the usage, for any member: a team whose jobs land on a failing node is
   not put back in its queue for the platform's fault. Every other end counts, a lost
-  node's too. Not the same as billing in one case: a runner's ``platform_error`` heard
-  after its allocation was released (a lost node's, a fenced member's) is ignored here
-  (stale), its time staying in the usage, while billing reverses that bill.
+  node's too. A runner's ``platform_error`` heard only after its allocation was released
+  (a lost node's runner back, a gang member fenced while it failed) is stale, so it ends
+  nothing, but as billing reverses that bill then, the scheduler takes the charge its
+  release made back from the usage (``refund_late_platform_failure``), once.
   Members of the gang other than the one that reported are told to stop
   (``AllocationRevoked(reason="fenced")``) unless the job succeeded.
   Only the reporter's GPUs are freed at once (``reporter``: the allocation whose runner
@@ -62,8 +63,8 @@ The caller holds the scheduling lock and runs a pass afterwards.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Final
 
@@ -93,6 +94,7 @@ from trainyard_platform.shared.events.payloads import (
     JobCancelled,
     JobFailed,
     JobPreempted,
+    JobSucceeded,
 )
 from trainyard_platform.shared.logs import job_scope
 from trainyard_platform.shared.outbox import Traced
@@ -126,6 +128,11 @@ class Ending:
     stopping: frozenset[str] = frozenset()
     """The allocations whose runner has not said their processes are gone (all but the
     reporter's): their GPUs stay leased, stopping, after the release (``apply_endings``)."""
+    unreported: Mapping[str, float] = field(default_factory=dict)
+    """The GPU-seconds charged to the usage for each allocation whose runner has not
+    reported its end (all but a reporting runner's; a lost node's too): kept on the
+    allocation until its runner's first late report settles it
+    (``refund_late_platform_failure``)."""
 
 
 async def end_gang(
@@ -181,6 +188,10 @@ def plan_end(
     releases: list[tuple[str, datetime, Outcome]] = []
     events: list[Traced] = []
     gpu_seconds = 0.0
+    unreported: dict[str, float] = {}
+    # The runner whose own report ends the attempt has said all it will; a lost node's
+    # runner has said nothing yet (it may report when it is back).
+    heard = reporter if kind != "lost" else None
     # The reporter's platform failure ends the whole attempt: every member released for it
     # is the platform's to pay, not only the reporter's (billing cannot tell the others),
     # and none of its time is the team's usage either.
@@ -190,7 +201,10 @@ def plan_end(
         releases.append((allocation.allocation_id, released_at, decision.outcome))
         gpus = len(allocation.gpu_indices)
         if not through_platform:
-            gpu_seconds += gpus * (released_at - allocation.granted_at).total_seconds()
+            charged = gpus * (released_at - allocation.granted_at).total_seconds()
+            gpu_seconds += charged
+            if allocation.allocation_id != heard and charged > 0:
+                unreported[allocation.allocation_id] = charged
         released = AllocationReleased(
             allocation_id=allocation.allocation_id,
             job_id=job.job_id,
@@ -231,6 +245,7 @@ def plan_end(
         events,
         _node_ends(allocations, kind, decision, reporter, failed),
         frozenset(a.allocation_id for a in allocations if a.allocation_id != reporter),
+        unreported,
     )
 
 
@@ -290,6 +305,7 @@ async def apply_endings(
         [r for e in endings for r in e.releases],
         frozenset(a for e in endings for a in e.stopping),
         now,
+        {a: charged for e in endings for a, charged in e.unreported.items()},
     )
     by_team: dict[str, float] = {}
     for ending in endings:
@@ -348,6 +364,46 @@ async def charge_usage(
         usage = decay_usage({team: row["gpu_seconds"]}, elapsed, half_life_s)
     usage = charge(usage, team, gpu_seconds)
     await allocation_repo.set_usage(conn, team, usage[team], as_of)
+
+
+async def refund_late_platform_failure(
+    conn: asyncpg.Connection,
+    team: str,
+    report: JobSucceeded | JobFailed | JobPreempted,
+    now: datetime,
+    half_life_s: float,
+) -> float:
+    """Settle the charge the release of ``report``'s allocation left open (``Ending.unreported``)
+    now that its own runner (its node and epoch as granted) reports its end after the
+    release, which the fence calls stale: when that first report is a ``platform_error``
+    (``JobFailed.through_platform``), the attempt was the platform's, as billing reverses
+    that bill then, so the charge comes off ``team``'s usage; any other report leaves it.
+    Either way the charge is settled, so a redelivered or a second report takes nothing back
+    (billing heeds only the allocation's first report too). Returns the GPU-seconds taken
+    off, as of the usage's time.
+
+    Exact: the charge itself (the GPU-seconds the release added, kept on the allocation)
+    and its decay, by the same half-life from the time it was added to the usage's time,
+    as the usage row decays; taken off once. Approximate: a usage row whose time was
+    already past the release's clock when the charge was added decayed it a little less
+    than this assumes, and the usage never goes below zero."""
+    charge_at = await allocation_repo.settle_unreported(
+        conn, report.allocation_id, report.node_id, report.epoch
+    )
+    if charge_at is None or not (isinstance(report, JobFailed) and report.through_platform):
+        return 0.0
+    charged, charged_at = charge_at
+    row = await allocation_repo.usage_for_update(conn, team)
+    if row is None:
+        return 0.0
+    as_of = max(now, row["as_of"])
+    usage = decay_usage(
+        {team: row["gpu_seconds"]}, (as_of - row["as_of"]).total_seconds(), half_life_s
+    )
+    refund = decay_usage({team: charged}, (as_of - charged_at).total_seconds(), half_life_s)[team]
+    refund = min(refund, usage[team])
+    await allocation_repo.set_usage(conn, team, usage[team] - refund, as_of)
+    return refund
 
 
 async def release_expired_notices(

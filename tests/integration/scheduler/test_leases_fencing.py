@@ -25,6 +25,7 @@ from trainyard_platform.services.scheduler.domain import (
     Job,
     JobStatus,
 )
+from trainyard_platform.services.scheduler.handlers import SchedulerHandlers
 from trainyard_platform.services.scheduler.leases import (
     apply_endings,
     charge_usage,
@@ -35,7 +36,8 @@ from trainyard_platform.services.scheduler.leases import (
 from trainyard_platform.services.scheduler.node_watch import sweep_silent_nodes
 from trainyard_platform.services.scheduler.policy.model import PolicyConfig
 from trainyard_platform.services.scheduler.scheduling import Tuning
-from trainyard_platform.shared.events import parse_envelope
+from trainyard_platform.shared.bus import Delivery
+from trainyard_platform.shared.events import Envelope, parse_envelope
 from trainyard_platform.shared.events.payloads import (
     AllocationReleased,
     AllocationRevoked,
@@ -750,3 +752,80 @@ async def test_the_heartbeats_statement_reads_a_few_pages_whatever_the_nodes_pas
         )[0]
     pages = plan["Plan"]["Shared Hit Blocks"] + plan["Plan"]["Shared Read Blocks"]
     assert pages < 20, f"{pages} pages read for a node with {history} leases in its past"
+
+
+async def report_failed(
+    conn: asyncpg.Connection, allocation: Allocation, failure_kind: Any, heard_s: float
+) -> None:
+    """``allocation``'s own runner reports, heard at ``heard_s``, that its job failed."""
+    failed = JobFailed(
+        job_id=allocation.job_id,
+        allocation_id=allocation.allocation_id,
+        node_id=allocation.node_id,
+        epoch=allocation.epoch,
+        finished_at=at(100),
+        exit_code=None if failure_kind == "platform_error" else 1,
+        reason="CUDA error: uncorrectable ECC error",
+        failure_kind=failure_kind,
+    )
+    handlers = SchedulerHandlers(clock=lambda: at(heard_s), tuning=TUNING)
+    envelope = Envelope.wrap(failed, source="runner", subject=allocation.job_id)
+    await handlers.apply([Delivery(envelope)], conn)
+
+
+async def lose_n1(conn: asyncpg.Connection) -> Allocation:
+    """A job on 2 GPUs of n1, whose last heartbeat came at 100 s, declared lost at 160 s
+    on top of 1000 GPU-seconds the team used already: its usage is 1200 then."""
+    await add_job(conn, "j", max_restarts=1)
+    (allocation,) = await grant(conn, "j", {"n1": (0, 1)})
+    await conn.execute("UPDATE nodes SET last_heartbeat = $1 WHERE node_id = 'n1'", at(100))
+    await charge_usage(conn, "vision", 1000.0, at(160), HOUR)
+    assert await sweep_silent_nodes(conn, at(150), at(160), TUNING) == ["n1"]
+    assert await usage(conn, "vision") == (1200.0, at(160))
+    return allocation
+
+
+async def test_a_lost_nodes_late_platform_failure_takes_its_charge_off_the_usage_once(
+    pool: asyncpg.Pool,
+) -> None:
+    """Billing reverses the bill of an allocation whose own runner, back after its node was
+    declared lost, reports a platform failure: the scheduler takes the 200 GPU-seconds the
+    loss charged off the team's usage, decayed as the usage is (an hour later: 600 - 100),
+    and a redelivered report takes nothing more."""
+    async with pool.acquire() as conn, conn.transaction():
+        allocation = await lose_n1(conn)
+        await report_failed(conn, allocation, "platform_error", 160 + HOUR)
+        assert await usage(conn, "vision") == (500.0, at(160 + HOUR))
+        await report_failed(conn, allocation, "platform_error", 160 + 2 * HOUR)
+        assert await usage(conn, "vision") == (500.0, at(160 + HOUR))
+
+
+async def test_a_lost_nodes_late_user_error_keeps_its_charge_and_settles_it(
+    pool: asyncpg.Pool,
+) -> None:
+    """Its runner's first report is the one billing heeds: a ``user_error`` keeps the charge,
+    and a ``platform_error`` after it takes nothing back either."""
+    async with pool.acquire() as conn, conn.transaction():
+        allocation = await lose_n1(conn)
+        await report_failed(conn, allocation, "user_error", 200)
+        assert await usage(conn, "vision") == (1200.0, at(160))
+        await report_failed(conn, allocation, "platform_error", 300)
+        assert await usage(conn, "vision") == (1200.0, at(160))
+
+
+async def test_a_fenced_members_late_platform_failure_takes_back_its_own_charge_only(
+    pool: asyncpg.Pool,
+) -> None:
+    """n1's runner reports a ``user_error`` after 100 s: both members (100 GPU-seconds each)
+    are charged, n2's fenced. n2's runner then reports that it failed through the platform:
+    its 100 come off; n1's own later ``platform_error`` takes nothing (its first report
+    ended the attempt as the team's)."""
+    async with pool.acquire() as conn, conn.transaction():
+        await add_job(conn, "j", max_restarts=1)
+        on_n1, on_n2 = await grant(conn, "j", {"n1": (0,), "n2": (1,)})
+        await report_failed(conn, on_n1, "user_error", 100)
+        assert await usage(conn, "vision") == (200.0, at(100))
+        await report_failed(conn, on_n1, "platform_error", 100)
+        assert await usage(conn, "vision") == (200.0, at(100))
+        await report_failed(conn, on_n2, "platform_error", 100)
+        assert await usage(conn, "vision") == (100.0, at(100))
