@@ -624,8 +624,8 @@ class JobFailed(Payload):
         """Whether the attempt failed through the platform (``platform_error``): its time is
         the platform's, not its team's. The one rule of both services: billing charges it
         to the platform (every member of its gang, ``AllocationReleased.platform_failure``)
-        and the scheduler adds none of it to the team's fair-share usage, when this report
-        ends the attempt (one heard after its allocation's release only billing heeds)."""
+        and the scheduler adds none of it to the team's fair-share usage (one heard after its
+        allocation's release, its first, takes back what the release charged there)."""
         return self.failure_kind == "platform_error"
 
 
