@@ -206,10 +206,10 @@ async def release_allocations(
 
 
 async def settle_unreported(
-    conn: asyncpg.Connection, allocation_id: str, node_id: str, epoch: int
+    conn: asyncpg.Connection, job_id: str, allocation_id: str, node_id: str, epoch: int
 ) -> tuple[float, datetime] | None:
-    """The first end report of ``allocation_id``'s own runner (``node_id`` and ``epoch`` as
-    granted) heard after its release: clear the charge its release left open and return it,
+    """The first end report of ``allocation_id``'s own runner (``job_id``, ``node_id`` and
+    ``epoch`` as granted) heard after its release: clear the charge its release left open and return it,
     ``(GPU-seconds, charged at)``; None when none is open (never charged, settled already, or
     the report does not name the allocation as granted). Once only: the row is updated."""
     try:
@@ -220,12 +220,13 @@ async def settle_unreported(
         "UPDATE allocations a SET unreported_charge = NULL, unreported_charge_at = NULL "
         "FROM (SELECT unreported_charge, unreported_charge_at FROM allocations "
         "      WHERE allocation_id = $1 FOR UPDATE) AS old "
-        "WHERE a.allocation_id = $1 AND a.node_id = $2 AND a.epoch = $3 "
+        "WHERE a.allocation_id = $1 AND a.node_id = $2 AND a.epoch = $3 AND a.job_id = $4 "
         "  AND a.released_at IS NOT NULL AND old.unreported_charge IS NOT NULL "
         "RETURNING old.unreported_charge, old.unreported_charge_at",
         key,
         node_id,
         epoch,
+        job_id,
     )
     if row is None:
         return None

@@ -374,7 +374,7 @@ async def refund_late_platform_failure(
     half_life_s: float,
 ) -> float:
     """Settle the charge the release of ``report``'s allocation left open (``Ending.unreported``)
-    now that its own runner (its node and epoch as granted) reports its end after the
+    now that its own runner (its job, node and epoch as granted) reports its end after the
     release, which the fence calls stale: when that first report is a ``platform_error``
     (``JobFailed.through_platform``), the attempt was the platform's, as billing reverses
     that bill then, so the charge comes off ``team``'s usage; any other report leaves it.
@@ -388,7 +388,7 @@ async def refund_late_platform_failure(
     already past the release's clock when the charge was added decayed it a little less
     than this assumes, and the usage never goes below zero."""
     charge_at = await allocation_repo.settle_unreported(
-        conn, report.allocation_id, report.node_id, report.epoch
+        conn, report.job_id, report.allocation_id, report.node_id, report.epoch
     )
     if charge_at is None or not (isinstance(report, JobFailed) and report.through_platform):
         return 0.0
