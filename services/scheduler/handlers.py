@@ -12,7 +12,10 @@ released because its node was declared lost is a real result, and is kept
 (``late_success``). An end report of an allocation that ended here already still says its
 processes are gone: the GPUs kept leased while it stopped (``leases``) are freed, and so
 are they when a node's heartbeat sent after they were held no longer lists the allocation;
-either asks for a pass. An event that can never apply is rejected to the
+either asks for a pass. Such a report, its runner's first after the release, also settles
+the fair-share charge that release made: a ``platform_error`` takes it back off the team's
+usage, as billing reverses that bill (``leases.refund_late_platform_failure``). An event
+that can never apply is rejected to the
 dead-letter stream. A change of supply or demand asks for a scheduling pass (``poke``),
 which runs in its own transaction right after this one commits; a newly queued job is only
 reported (``arrived``, when given: the leader decides it by the fast path or asks for a
