@@ -234,11 +234,14 @@ def rotate_token(client: TrainyardClient, name: str | None, days: int | None) ->
 def _pause_or_raise(exc: TrainyardError, attempt: int, pause: float) -> float:
     """Wait before sending try ``attempt``'s request again under its key, and return the
     pause before the next; raise ``exc`` when it was the last try, or a refusal that a
-    retry would not change (anything but ``NoAnswer`` or an API away)."""
+    retry would not change (anything but ``NoAnswer`` or an API away). The note of a retry
+    says only that no answer came: not ``NoAnswer``'s advice to look before repeating,
+    since this command repeats the request itself, under a key that makes it safe."""
     if attempt == TOKEN_TRIES or not (isinstance(exc, NoAnswer) or exc.status in AWAY):
         raise exc
     wait = pause if exc.retry_after is None else min(exc.retry_after, TOKEN_PAUSE_MAX_S)
-    note(f"{exc}; trying again in {wait:g} s under the same Idempotency-Key")
+    said = exc.unanswered if isinstance(exc, NoAnswer) else str(exc)  # no "look before"
+    note(f"{said}; trying again in {wait:g} s under the same Idempotency-Key")
     time.sleep(wait)
     return min(2 * pause, TOKEN_PAUSE_MAX_S)
 

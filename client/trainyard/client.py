@@ -129,10 +129,14 @@ class TrainyardError(Exception):
 class NoAnswer(TrainyardError):
     """A request the server took and did not answer in time (status 0, as any request that
     got no answer): it may have been done all the same, so only a request under an
-    ``Idempotency-Key`` is safe to send again as it was."""
+    ``Idempotency-Key`` is safe to send again as it was. ``unanswered`` is what happened
+    alone, without the advice to look before repeating the request that the message adds
+    for one that changes something: a caller that sends it again by itself under its key
+    says that instead."""
 
-    def __init__(self, message: str) -> None:
-        super().__init__(0, message)
+    def __init__(self, unanswered: str, advice: str | None = None) -> None:
+        self.unanswered = unanswered
+        super().__init__(0, unanswered if advice is None else f"{unanswered}; {advice}")
 
 
 class MalformedAnswer(TrainyardError):
@@ -612,9 +616,9 @@ class TrainyardClient:
         waited = exc.request.extensions.get("timeout", {}).get("read")
         said = f"{unanswered(base)} {method} {path} within "
         said += "the time allowed" if waited is None else f"{waited:g} s"
-        if method not in ("GET", "HEAD"):
-            said += "; the server may have done it all the same: look before you repeat it"
-        return NoAnswer(said)
+        if method in ("GET", "HEAD"):
+            return NoAnswer(said)
+        return NoAnswer(said, "the server may have done it all the same: look before you repeat it")
 
 
 def unreached(base_url: str) -> str:

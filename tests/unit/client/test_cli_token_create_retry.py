@@ -82,6 +82,8 @@ def test_a_lost_answer_is_tried_again_and_its_orphan_revoked(
         {"name": "ci"}
     ] * 3
     assert "trying again" in err and "token 1 was made by an earlier try" in err
+    # it repeats the request itself, under its key: no advice to look before repeating it
+    assert "look before you repeat it" not in err
     assert api["pauses"] == [cli_access.TOKEN_PAUSE_S]
 
 

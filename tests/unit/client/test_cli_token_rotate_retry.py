@@ -86,6 +86,8 @@ def test_a_lost_answer_is_tried_again_and_the_user_holds_a_working_token(
     assert first is not None and first == retry
     assert [json.loads(r.content) for r in api["sent"]] == [{"expires_in_days": 7}] * 2
     assert "trying again" in err
+    # it repeats the request itself, under its key: no advice to look before repeating it
+    assert "look before you repeat it" not in err
     assert api["pauses"] == [cli_access.TOKEN_PAUSE_S]
 
 
