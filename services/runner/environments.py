@@ -143,7 +143,11 @@ from types import TracebackType
 from typing import Literal
 
 from trainyard_platform.services.runner import disk_watch
-from trainyard_platform.shared.requirements import requirement_problem, without_credentials
+from trainyard_platform.shared.requirements import (
+    WHEEL_URL,
+    requirement_problem,
+    without_credentials,
+)
 
 log = logging.getLogger(__name__)
 
@@ -313,8 +317,10 @@ def normalize_requirement(requirement: str) -> str:
         extras = f"[{','.join(names)}]" if names else ""
     rest = match["rest"]
     if rest.startswith("@"):
-        url, *marker_part = re.split(r"\s;", rest[1:], maxsplit=1)  # PEP 508: " ;"
-        if not re.fullmatch(r"[^?#]+\.whl(?:[?#]\S*)?", url.strip(), re.IGNORECASE):
+        # PEP 508 ends a URL at " ;" only: "x.whl;m" is one URL, the installers' too, and
+        # not a wheel's (``wheel_url``, which stops at ";", would read a wheel there).
+        url, *marker_part = re.split(r"\s;", rest[1:], maxsplit=1)
+        if not WHEEL_URL.fullmatch(url.strip()):
             raise ValueError(
                 f"requirement {requirement!r} names a URL that is not a wheel: only wheels are "
                 "installed (building a source distribution or a git checkout runs its code)"

@@ -18,7 +18,7 @@ import pytest
 
 from tests.unit.runner.test_launch import GRANT
 from trainyard_platform.services.runner import launch
-from trainyard_platform.services.runner.environments import EnvironmentCache
+from trainyard_platform.services.runner.environments import EnvironmentCache, normalize_requirement
 from trainyard_platform.services.runner.sandbox import PlatformError, failure_kind
 from trainyard_platform.services.submission.config import DEFAULT_FLAVORS
 from trainyard_platform.services.submission.schemas import parse_job_request
@@ -116,3 +116,14 @@ def test_the_runners_reason_never_quotes_a_wheel_urls_credentials(tmp_path: Path
     assert "s3cret" not in reason and "alice" not in reason
     assert f"'pkg @ https://***@pypi.example.com/{WHEEL}'" in reason
     assert "must not carry credentials" in reason
+
+
+def test_a_marker_after_a_wheel_url_without_a_space_is_part_of_the_url() -> None:
+    """PEP 508 (and the installers) end a URL at " ;" only: ``x.whl;marker`` is one URL, not
+    a wheel's, and the runner refuses it; with the space, the marker is kept apart."""
+    with pytest.raises(ValueError, match="names a URL that is not a wheel"):
+        normalize_requirement(f"pkg @ https://example.org/{WHEEL};extra=='gpu'")
+    assert (
+        normalize_requirement(f"pkg @ https://example.org/{WHEEL} ; extra=='gpu'")
+        == f"pkg @ https://example.org/{WHEEL}; extra=='gpu'"
+    )
