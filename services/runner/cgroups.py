@@ -424,8 +424,13 @@ class JobCgroup:
 
         A kill with the limit reached is the limit's (``limit_kill``, naming the limit); a
         kill without it is the host's (``host_oom_kill``, which ``decide_outcome`` still
-        does not blame on the node: the job may have exhausted it). A v1 kernel that counts no kills
-        gives no evidence (None): a limit reached and reclaimed from tells nothing of a kill."""
+        does not blame on the node: the job may have exhausted it). On v1 the limit reached
+        is weaker evidence: no v1 file says the limit's OOM killer ran (``oom_control``'s
+        ``under_oom`` is only while it runs), and ``failcnt`` also counts the page cache
+        reclaimed at the limit, so a host OOM kill after that reads the same; its reason
+        says so and makes its advice conditional, where v2's asserts it. A v1 kernel that
+        counts no kills gives no evidence (None): a limit reached and reclaimed from tells
+        nothing of a kill."""
         if self.memory is None:
             return None
         if self.memory.version == 2:
@@ -442,10 +447,19 @@ class JobCgroup:
             return MemoryEvidence()
         if not reached or self.limit is None:
             return MemoryEvidence(host_oom_kill=True)
+        if self.memory.version == 2:
+            return MemoryEvidence(
+                limit_kill=(
+                    f"the job exceeded its memory limit of {self.limit.describe()} and was "
+                    "killed by the kernel; declare more memory_gib_per_gpu, or use less memory"
+                )
+            )
         return MemoryEvidence(
             limit_kill=(
-                f"the job exceeded its memory limit of {self.limit.describe()} and was killed "
-                "by the kernel; declare more memory_gib_per_gpu, or use less memory"
+                "the job was killed by the kernel's OOM killer after its memory reached its "
+                f"limit of {self.limit.describe()} (page cache counts; this node's cgroup v1 "
+                "does not tell the limit's OOM killer from the node's): if it used more than "
+                "its limit, declare more memory_gib_per_gpu, or use less memory"
             )
         )
 

@@ -318,7 +318,9 @@ class MemoryEvidence:
 
     limit_kill: str | None = None
     """Why the attempt failed when its own memory limit's OOM killer killed a process of
-    it (naming the limit and where it comes from), else None."""
+    it (naming the limit and where it comes from), else None. On cgroup v1, where the
+    kernel does not say which OOM killer killed, one killed with the limit reached: the
+    reason says that, and declaring more memory only if the job used more than its limit."""
     host_oom_kill: bool = False
     """An OOM killer killed a process of the attempt although its own limit was never
     reached (or it had none): the node (or the runner's own cgroup) ran out of memory. Who

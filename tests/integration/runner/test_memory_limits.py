@@ -31,6 +31,9 @@ from trainyard_platform.shared.storage import open_store
 _CGROUPS = writable_cgroups("memory")
 OWN_MEMORY_CGROUP = _CGROUPS["memory"].own if _CGROUPS else None
 """The runner's own memory cgroup, where a root runner can make the jobs' cgroups."""
+ON_V1 = bool(_CGROUPS) and _CGROUPS["memory"].version == 1
+"""cgroup v1 does not say which OOM killer killed: the reason says the limit was reached,
+and its advice is conditional (``cgroups.JobCgroup.memory_evidence``)."""
 
 pytestmark = [
     pytest.mark.integration,
@@ -88,8 +91,13 @@ async def test_a_job_over_its_declared_memory_is_killed_and_fails_naming_the_fie
     failed = await events.first(JobFailed, over.job_id)
     assert failed.failure_kind == "out_of_memory"  # the job's own doing: not platform_error
     assert failed.reason == (
-        "the job exceeded its memory limit of 1 GiB (spec.memory_gib_per_gpu 1 x 1 GPU) and "
-        "was killed by the kernel; declare more memory_gib_per_gpu, or use less memory"
+        "the job was killed by the kernel's OOM killer after its memory reached its limit of "
+        "1 GiB (spec.memory_gib_per_gpu 1 x 1 GPU) (page cache counts; this node's cgroup v1 "
+        "does not tell the limit's OOM killer from the node's): if it used more than its "
+        "limit, declare more memory_gib_per_gpu, or use less memory"
+        if ON_V1
+        else "the job exceeded its memory limit of 1 GiB (spec.memory_gib_per_gpu 1 x 1 GPU) "
+        "and was killed by the kernel; declare more memory_gib_per_gpu, or use less memory"
     )
     assert failed.exit_code == -9
     assert "allocated" not in failed.log_tail
@@ -122,9 +130,14 @@ async def test_a_job_declaring_no_memory_is_limited_to_the_nodes_default(
 
     failed = await events.first(JobFailed, over.job_id)
     assert failed.failure_kind == "out_of_memory"
+    limit = (
+        "limit of 0.25 GiB (spec.memory_gib_per_gpu is 0, so the node's "
+        "TRAINYARD_RUNNER_JOB_MEMORY_GIB_PER_GPU, 0.25 GiB x 1 GPU)"
+    )
     assert failed.reason.startswith(
-        "the job exceeded its memory limit of 0.25 GiB (spec.memory_gib_per_gpu is 0, so the "
-        "node's TRAINYARD_RUNNER_JOB_MEMORY_GIB_PER_GPU, 0.25 GiB x 1 GPU)"
+        f"the job was killed by the kernel's OOM killer after its memory reached its {limit}"
+        if ON_V1
+        else f"the job exceeded its memory {limit}"
     )
 
 

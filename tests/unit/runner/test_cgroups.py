@@ -187,6 +187,12 @@ LIMIT_KILL = (
     "the job exceeded its memory limit of 4 GiB (spec.memory_gib_per_gpu 2 x 2 GPUs) and "
     "was killed by the kernel; declare more memory_gib_per_gpu, or use less memory"
 )
+LIMIT_REACHED_V1 = (
+    "the job was killed by the kernel's OOM killer after its memory reached its limit of "
+    "4 GiB (spec.memory_gib_per_gpu 2 x 2 GPUs) (page cache counts; this node's cgroup v1 "
+    "does not tell the limit's OOM killer from the node's): if it used more than its limit, "
+    "declare more memory_gib_per_gpu, or use less memory"
+)
 
 
 def job_cgroup(folder: Path, version: int, files: dict[str, str]) -> JobCgroup:
@@ -205,11 +211,13 @@ def job_cgroup(folder: Path, version: int, files: dict[str, str]) -> JobCgroup:
         # The limit was hit and reclaimed from: nothing killed.
         (2, {"memory.events": V2_EVENTS.format(max=12, oom=0, kills=0)}, None),
         (2, {"memory.events": V2_EVENTS.format(max=0, oom=0, kills=0)}, None),
-        # v1: a kill counted, the limit reached (failcnt).
+        # v1: a kill counted, the limit reached (failcnt). Page cache reclaimed at the limit
+        # counts there too, and no v1 file says which OOM killer killed: the advice to
+        # declare more memory is conditional.
         (
             1,
             {"memory.oom_control": V1_CONTROL.format(kills=1), "memory.failcnt": "7\n"},
-            LIMIT_KILL,
+            LIMIT_REACHED_V1,
         ),
         (1, {"memory.oom_control": V1_CONTROL.format(kills=0), "memory.failcnt": "7\n"}, None),
         # A kernel limiting memory+swap as well counts no failure: the peak is the limit.
@@ -224,7 +232,7 @@ def job_cgroup(folder: Path, version: int, files: dict[str, str]) -> JobCgroup:
                 "memory.memsw.max_usage_in_bytes": "67108864",
                 "memory.memsw.limit_in_bytes": "67108864",
             },
-            LIMIT_KILL,
+            LIMIT_REACHED_V1,
         ),
     ],
 )
