@@ -158,8 +158,11 @@ _NOT_PRINTABLE_ASCII = re.compile(r"[^\x21-\x7e]")
 
 
 def wheel_url(value: str) -> str | None:
-    """The URL the requirement ``value`` names (after ``@``), None when it names none."""
-    url = re.search(r"@ *([^\s;]+)", value)
+    """The URL the requirement ``value`` names (after ``@``), None when it names none. As
+    PEP 508 and the installers read it, the URL runs to the first whitespace: a marker
+    after it needs a space before its ``;`` (``x.whl;extra=='y'`` is one URL, no wheel's),
+    so the API refuses what the runner would refuse."""
+    url = re.search(r"@ *(\S+)", value)
     return None if url is None else url.group(1)
 
 

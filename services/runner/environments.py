@@ -318,7 +318,7 @@ def normalize_requirement(requirement: str) -> str:
     rest = match["rest"]
     if rest.startswith("@"):
         # PEP 508 ends a URL at " ;" only: "x.whl;m" is one URL, the installers' too, and
-        # not a wheel's (``wheel_url``, which stops at ";", would read a wheel there).
+        # not a wheel's (``requirement_problem`` refused it already, as ``wheel_url`` reads).
         url, *marker_part = re.split(r"\s;", rest[1:], maxsplit=1)
         if not WHEEL_URL.fullmatch(url.strip()):
             raise ValueError(

@@ -120,10 +120,18 @@ def test_the_runners_reason_never_quotes_a_wheel_urls_credentials(tmp_path: Path
 
 def test_a_marker_after_a_wheel_url_without_a_space_is_part_of_the_url() -> None:
     """PEP 508 (and the installers) end a URL at " ;" only: ``x.whl;marker`` is one URL, not
-    a wheel's, and the runner refuses it; with the space, the marker is kept apart."""
-    with pytest.raises(ValueError, match="names a URL that is not a wheel"):
+    a wheel's, and the runner refuses it (by the check it shares with the API); with the
+    space, the marker is kept apart."""
+    with pytest.raises(ValueError, match="a URL must name a wheel"):
         normalize_requirement(f"pkg @ https://example.org/{WHEEL};extra=='gpu'")
     assert (
         normalize_requirement(f"pkg @ https://example.org/{WHEEL} ; extra=='gpu'")
         == f"pkg @ https://example.org/{WHEEL}; extra=='gpu'"
     )
+
+
+def test_the_api_reads_a_wheel_url_before_a_marker_as_the_runner_does() -> None:
+    # The API's check (``requirement_problem``) once stopped the URL at any ";", so it took
+    # ``x.whl;extra=='gpu'`` for a wheel and a marker, a job the runner then refused.
+    assert requirement_problem(f"pkg @ https://example.org/{WHEEL};extra=='gpu'") is not None
+    assert requirement_problem(f"pkg @ https://example.org/{WHEEL} ; extra=='gpu'") is None
