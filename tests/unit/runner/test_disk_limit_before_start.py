@@ -83,9 +83,11 @@ def test_a_step_within_the_limit_keeps_its_own_outcome(tmp_path: Path) -> None:
         write(box.code / "big", 2 * MIB)
 
 
-WRITER = 'ulimit -f 65536; exec cat /dev/urandom > "$1"'
-"""Writes without end, as a hostile repository would make git do (up to 32 MiB here, where
-the kernel stops it: SIGXFSZ, should the watch not)."""
+WRITER = 'head -c 8388608 /dev/urandom > "$1"; exec sleep 300'
+"""Writes past the limit (8 MiB), as a hostile repository would make git do, then runs on
+without end: only the watch's kill ends it within the test's timeout, however slowly the
+watch gets a core (a writer racing the watch to a file-size limit of its own lost the race
+under load, ending by SIGXFSZ instead)."""
 
 
 @pytest.mark.skipif(not can_switch_users(), reason="needs to run jobs as their own users")
