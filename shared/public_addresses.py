@@ -13,9 +13,16 @@ the submission API a repository or wheel URL written with an address
 from __future__ import annotations
 
 import ipaddress
+import re
 import socket
+from typing import Final
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+NOT_PRINTABLE_ASCII: Final = re.compile(r"[^\x21-\x7e]")
+"""What a URL to be judged must not hold: whitespace, a control character or one beyond
+ASCII. ``urlsplit`` drops tabs and line breaks and lowers some letters (the Kelvin sign)
+to ASCII, so the host judged would not be the one git or an installer is given."""
 
 _NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
 _PRIVATE = tuple(

@@ -31,7 +31,11 @@ import re
 from typing import Final
 from urllib.parse import urlsplit
 
-from trainyard_platform.shared.public_addresses import address_problem, literal_address
+from trainyard_platform.shared.public_addresses import (
+    NOT_PRINTABLE_ASCII,
+    address_problem,
+    literal_address,
+)
 
 _REQ_NAME = r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?"
 _REQ_EXTRAS = rf"\[ *{_REQ_NAME}(?: *, *{_REQ_NAME})* *\]"
@@ -154,9 +158,6 @@ def requirement_problem(value: str) -> str | None:
     return None
 
 
-_NOT_PRINTABLE_ASCII = re.compile(r"[^\x21-\x7e]")
-
-
 def wheel_url(value: str) -> str | None:
     """The URL the requirement ``value`` names (after ``@``), None when it names none. As
     PEP 508 and the installers read it, the URL runs to the first whitespace: a marker
@@ -175,7 +176,7 @@ def wheel_host(value: str) -> tuple[str, int] | None:
     url = wheel_url(value)
     if url is None:
         return None
-    if _NOT_PRINTABLE_ASCII.search(url):
+    if NOT_PRINTABLE_ASCII.search(url):
         raise ValueError(
             "a URL must not hold whitespace, a control character or a character beyond ASCII"
         )

@@ -48,7 +48,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import SplitResult, urlsplit
 
-from trainyard_platform.shared.public_addresses import IPAddress, address_problem, literal_address
+from trainyard_platform.shared.public_addresses import (
+    NOT_PRINTABLE_ASCII,
+    IPAddress,
+    address_problem,
+    literal_address,
+)
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -67,7 +72,6 @@ SSH_SCHEMES = ("ssh", "git+ssh", "ssh+git")
 _SCP = re.compile(r"[^/:@]*@[^/@]+:")
 """The start of git's scp-like ssh form ``user@host:path`` (``user@[v6]:path`` too)."""
 
-_NOT_PRINTABLE_ASCII = re.compile(r"[^\x21-\x7e]")
 
 SETTING = "TRAINYARD_RUNNER_FETCH_ALLOW_PRIVATE"
 
@@ -183,7 +187,7 @@ def parse_remote(repository: str) -> Remote:
 def _printable_ascii(repository: str) -> None:
     # urlsplit drops tabs and line breaks and lowers the Kelvin sign of ``\u212aey.example``
     # to an ASCII k: what it read would not be what git is given.
-    if _NOT_PRINTABLE_ASCII.search(repository):
+    if NOT_PRINTABLE_ASCII.search(repository):
         raise RemoteRefused("holds whitespace, a control character or a character beyond ASCII")
 
 
