@@ -17,8 +17,15 @@ Contract:
 - ``KILL_GRACE_SECONDS``: the most a job runs past its ``max_runtime_seconds``. The runner
   stops a job at its limit with SIGTERM and SIGKILLs it after its ``kill_grace_seconds``,
   which is at most this (its settings refuse more); all the while the job holds its GPUs
-  and is billed them. ``attempt_seconds(max_runtime_seconds)``: the longest one attempt's
-  process runs, the limit and the grace (not the whole time billed: see its docstring).
+  and is billed them. ``attempt_seconds(max_runtime_seconds)``: the limit and the grace,
+  the most one attempt (one allocation) is billed: ``billed_until(granted_at,
+  max_runtime_seconds)``, its grant plus that, is the latest end of its billed interval,
+  and the scheduler ends every release's billed interval by then
+  (``services.scheduler.domain.release_time``). An allocation is held longer than its
+  process runs (before: its code fetched, environment built, checkpoint restored, with
+  no bound while the object store is away; after: the wait for its last checkpoint's
+  upload, ``checkpoint_upload_wait_seconds`` of its runner): that time is billed only as
+  far as this bound, the rest is the platform's, so the worst case is a true bound.
 - ``worst(per_hour, seconds)``: ``seconds`` at ``per_hour``, rounded up to a micro-unit;
   ``reservation(job, rates)`` is ``worst(hourly(job, rates),
   attempt_seconds(max_runtime_seconds))``.
@@ -36,6 +43,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from decimal import ROUND_CEILING, Decimal, InvalidOperation
 from typing import Any
 
@@ -51,12 +59,17 @@ counts it is one the runner cannot exceed."""
 
 
 def attempt_seconds(max_runtime_seconds: int) -> int:
-    """What one attempt of a job with this limit is reserved: the limit and the kill grace
-    after it, the longest its process runs. Not a strict bound of what the attempt is
-    billed: billing counts from the grant to the release, which also holds the time before
-    the process starts (its environment built, its checkpoint restored) and the runner's
-    wait for the last checkpoint upload after it ends."""
+    """What one attempt of a job with this limit is reserved and billed at most: the limit
+    and the kill grace after it, the longest its process runs, counted from its grant
+    (``billed_until``): its preparation and its last checkpoint's upload wait are billed
+    within it, never beyond."""
     return max_runtime_seconds + KILL_GRACE_SECONDS
+
+
+def billed_until(granted_at: datetime, max_runtime_seconds: int) -> datetime:
+    """The latest end of the billed interval of an allocation granted at ``granted_at`` to
+    a job with this limit: the grant plus ``attempt_seconds`` (module contract)."""
+    return granted_at + timedelta(seconds=attempt_seconds(max_runtime_seconds))
 
 
 def holds_queued(policy: str, on_exhausted: str) -> bool:
@@ -196,6 +209,7 @@ __all__ = [
     "OverWhole",
     "Prices",
     "attempt_seconds",
+    "billed_until",
     "decimal",
     "holds_queued",
     "hourly",

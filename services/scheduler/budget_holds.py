@@ -44,7 +44,8 @@ Contract:
   together before it is spent. Each job of its team (or project) is reserved its worst
   case, ``max_runtime_seconds`` and the runner's kill grace after it
   (``worst_case.attempt_seconds``: a job at its limit holds and is billed its GPUs until it
-  is killed) of its GPUs, CPUs and memory at those rates (``reservation``), from its start
+  is killed; no attempt is billed more, counted from its grant, ``worst_case.billed_until``)
+  of its GPUs, CPUs and memory at those rates (``reservation``), from its start
   until its allocations end. ``fit(queued, running,
   reserves, order)`` keeps a queued job from the pass unless its reservation fits in what
   is left of every budget that reserves for it: the amount, less what billing last said is
@@ -374,10 +375,11 @@ class _Parsed:
         0: what it may still cost, at prices no higher than the rates); else its whole worst case.
 
         Counted from the start (``started_at``), not the grant: the runner's limit runs
-        from the job's process's start, so the time between (pulling its image, restoring
-        its checkpoint) is billed beside a whole ``max_runtime_seconds`` still to run, and
-        a member not started yet may still run all of it. A start said before its grant
-        (a node's clock) counts from the grant."""
+        from the job's process's start, so a member not started yet may still run all of
+        it. What it is billed is counted from the grant and ends by the grant plus its
+        worst case (``worst_case.billed_until``), so what this leaves it is never less
+        than what it may still be billed (more, by its preparation). A start said before
+        its grant (a node's clock) counts from the grant."""
         first = members[0]
         seconds = attempt_seconds(first["max_runtime_seconds"])
         starts = [m.get("started_at") for m in members]

@@ -22,10 +22,11 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, Literal
 
 from trainyard_platform.shared.events.payloads import FailureKind, JobSpec
+from trainyard_platform.shared.worst_case import billed_until
 
 Outcome = Literal["succeeded", "failed", "cancelled", "preempted", "lost"]
 EndKind = Literal["succeeded", "failed", "preempted", "lost"]
@@ -516,16 +517,22 @@ def format_seconds(seconds: float) -> str:
     return f"{round(seconds / 60, 1):g} min"
 
 
-def release_time(reported: datetime, granted_at: datetime, now: datetime) -> datetime:
-    """When a lease ended for billing: the time the runner (or the last heartbeat) reported,
-    kept between the grant and now so a skewed clock never bills negative or future time."""
+def end_time(reported: datetime, granted_at: datetime, now: datetime) -> datetime:
+    """When an allocation ended, as said of it: the time the runner (or the last heartbeat)
+    reported, kept between the grant and now so a skewed clock never says a negative or
+    future lease."""
     return min(max(reported, granted_at), max(now, granted_at))
 
 
-LATE_SUCCESS_ALLOWANCE = timedelta(hours=1)
-"""How long past its grant and its spec's ``max_runtime_seconds`` a late success may say it
-ended: the job's clock starts once the runner has set it up (code, environment, the
-checkpoint to resume from), and a job past its time gets the runner's kill grace."""
+def release_time(
+    reported: datetime, granted_at: datetime, now: datetime, max_runtime_s: int
+) -> datetime:
+    """When a lease ended for billing: ``end_time``, and never later than what one attempt
+    of a job of this ``max_runtime_s`` is billed at most (``worst_case.billed_until``: the
+    grant plus the limit and the kill grace). An allocation held longer (a long
+    preparation, the wait for its last checkpoint's upload) is billed no further, so the
+    worst case a budget reserves bounds every bill."""
+    return min(end_time(reported, granted_at, now), billed_until(granted_at, max_runtime_s))
 
 
 def late_release_time(
@@ -536,10 +543,8 @@ def late_release_time(
     max_runtime_s: int,
 ) -> datetime:
     """When a lost allocation whose runner reported success late ended, for its bill: what the
-    runner reported (``release_time``), never before its release (a bill is extended, never
-    cut), and never later than an attempt of the job could run: its grant plus the spec's
-    ``max_runtime_seconds`` and ``LATE_SUCCESS_ALLOWANCE``. Without that bound, a runner
-    silent for weeks billed the job's team for weeks of GPUs by saying it had just
-    finished."""
-    latest = granted_at + timedelta(seconds=max_runtime_s) + LATE_SUCCESS_ALLOWANCE
-    return max(released_at, min(release_time(reported, granted_at, now), latest))
+    runner reported (``release_time``, so never later than its grant plus the spec's
+    ``max_runtime_seconds`` and the kill grace), never before its release (a bill is
+    extended, never cut). Without that bound, a runner silent for weeks billed the job's
+    team for weeks of GPUs by saying it had just finished."""
+    return max(released_at, release_time(reported, granted_at, now, max_runtime_s))

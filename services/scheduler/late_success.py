@@ -13,15 +13,15 @@ transaction, under the scheduling lock; ``job`` and its ``live`` allocations rea
 - A kept success: the allocation's outcome becomes ``succeeded`` and it ends when it really
   ended, the later of its release (billed up to the node's last heartbeat) and the runner's
   ``finished_at`` (kept between its grant and now, and no later than its grant plus the
-  spec's ``max_runtime_seconds`` and ``domain.LATE_SUCCESS_ALLOWANCE``: no attempt runs
-  longer; a bill is extended, never cut: ``domain.late_release_time``). A second
+  spec's ``max_runtime_seconds`` and the kill grace: no attempt is billed longer,
+  ``domain.release_time``; a bill is extended, never cut: ``domain.late_release_time``). A second
   ``AllocationReleased`` for it says so (outcome ``succeeded``, event id
   ``late-success:<allocation>``); billing amends that allocation's one bill to the longer
   interval (``services.billing``: one ledger row per allocation, so it is billed once, for
   what really ran). The extra GPU-seconds go to the team's fair-share usage.
 - When the job succeeds by it (``LateSuccess.job_succeeds``) it becomes SUCCEEDED and is not
   run again: every live allocation of a newer attempt is released (outcome ``cancelled``,
-  billed from its grant to now like any allocation stopped early) and its node told
+  billed from its grant to now like any allocation stopped early, ``domain.release_time``) and its node told
   ``AllocationRevoked(reason="fenced")``, whatever that attempt had reached (its GPUs stay
   leased while its runner stops it, as for any allocation ended without its runner's word:
   ``leases``); a job requeued after the loss leaves its queue.
@@ -49,6 +49,7 @@ from trainyard_platform.services.scheduler.domain import (
     Outcome,
     late_release_time,
     late_success,
+    release_time,
 )
 from trainyard_platform.services.scheduler.leases import charge_usage, fence_revocation
 from trainyard_platform.services.scheduler.scheduling import Tuning, traced
@@ -115,7 +116,7 @@ async def accept_late_success(
         releases: list[tuple[str, datetime, Outcome]] = []
         unreported: dict[str, float] = {}  # settled by their runners' reports (leases)
         for newer in live:
-            stopped_at = max(now, newer.granted_at)
+            stopped_at = release_time(now, newer.granted_at, now, job.spec.max_runtime_seconds)
             releases.append((newer.allocation_id, stopped_at, "cancelled"))
             charged = len(newer.gpu_indices) * (stopped_at - newer.granted_at).total_seconds()
             gpu_seconds += charged

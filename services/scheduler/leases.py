@@ -6,7 +6,11 @@ Contract:
   when the reporting runner said the attempt failed through the platform, so that no member
   of a gang is its team's to pay), charges the GPU-seconds to the team's fair-share usage
   (decayed to now with the half-life, then added), and moves the job on (requeued,
-  finished, failed or cancelled) as ``domain.allocation_ended`` decides. An attempt that
+  finished, failed or cancelled) as ``domain.allocation_ended`` decides. Each is released
+  at the time its runner (or the last heartbeat) reported, but never later, for its bill
+  and its usage, than its grant plus the spec's ``max_runtime_seconds`` and the kill grace
+  (``domain.release_time``): no attempt is billed more than the worst case a budget
+  reserves for it (``shared.worst_case``). An attempt that
   failed through the platform (``JobFailed.through_platform``, the rule billing charges by)
   adds nothing to the usage, for any member: a team whose jobs land on a failing node is
   not put back in its queue for the platform's fault. Every other end counts, a lost
@@ -83,6 +87,7 @@ from trainyard_platform.services.scheduler.domain import (
     JobStatus,
     Outcome,
     allocation_ended,
+    end_time,
     release_time,
 )
 from trainyard_platform.services.scheduler.policy.fairshare import charge, decay_usage
@@ -197,7 +202,9 @@ def plan_end(
     # and none of its time is the team's usage either.
     through_platform = kind == "failed" and failed is not None and failed.through_platform
     for allocation in allocations:
-        released_at = release_time(reported_at, allocation.granted_at, now)
+        released_at = release_time(
+            reported_at, allocation.granted_at, now, job.spec.max_runtime_seconds
+        )
         releases.append((allocation.allocation_id, released_at, decision.outcome))
         gpus = len(allocation.gpu_indices)
         if not through_platform:
@@ -284,7 +291,7 @@ def _said_failed(
         allocation_id=first.allocation_id,
         node_id=first.node_id,
         epoch=first.epoch,
-        finished_at=release_time(reported, first.granted_at, now),
+        finished_at=end_time(reported, first.granted_at, now),
         exit_code=failed.exit_code if failed is not None else None,
         reason=decision.reason or "failed",
         log_tail=failed.log_tail if failed is not None else "",
@@ -455,7 +462,7 @@ def _said_preempted(
                 allocation_id=allocation.allocation_id,
                 node_id=allocation.node_id,
                 epoch=allocation.epoch,
-                finished_at=release_time(reported_at, allocation.granted_at, reported_at),
+                finished_at=end_time(reported_at, allocation.granted_at, reported_at),
                 reason=reason or "preempted",
             ),
             job_id,

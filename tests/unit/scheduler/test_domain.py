@@ -7,7 +7,6 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from trainyard_platform.services.scheduler.domain import (
-    LATE_SUCCESS_ALLOWANCE,
     AllocationStatus,
     EndDecision,
     Failure,
@@ -15,12 +14,14 @@ from trainyard_platform.services.scheduler.domain import (
     JobStatus,
     LiveAllocation,
     allocation_ended,
+    end_time,
     fence,
     format_seconds,
     late_release_time,
     release_time,
     restart_backoff,
 )
+from trainyard_platform.shared.worst_case import KILL_GRACE_SECONDS
 
 LIVE = LiveAllocation("alloc-1", "node-1", epoch=7)
 
@@ -389,11 +390,30 @@ def test_release_time_is_kept_between_grant_and_now() -> None:
     granted = datetime(2025, 1, 1, 12, tzinfo=UTC)
     now = granted + timedelta(hours=1)
     inside = granted + timedelta(minutes=20)
-    assert release_time(inside, granted, now) == inside
-    assert release_time(granted - timedelta(minutes=5), granted, now) == granted
-    assert release_time(now + timedelta(minutes=5), granted, now) == now
+    day = 86_400
+    assert release_time(inside, granted, now, day) == inside
+    assert release_time(granted - timedelta(minutes=5), granted, now, day) == granted
+    assert release_time(now + timedelta(minutes=5), granted, now, day) == now
     # A clock behind the grant still never makes a negative lease.
-    assert release_time(inside, granted, granted - timedelta(seconds=1)) == granted
+    assert release_time(inside, granted, granted - timedelta(seconds=1), day) == granted
+    # What the job's end says is kept as reported, within the same bounds.
+    assert end_time(inside, granted, now) == inside
+    assert end_time(now + timedelta(minutes=5), granted, now) == now
+
+
+def test_release_time_bills_no_attempt_past_its_worst_case() -> None:
+    """An allocation held past its grant plus its max_runtime_seconds and the kill grace (a
+    long preparation before the runner's limit started, the wait for its last checkpoint's
+    upload after it) is billed up to that, the worst case a budget reserves, no further."""
+    granted = datetime(2025, 1, 1, 12, tzinfo=UTC)
+    limit = 1200
+    bound = granted + timedelta(seconds=limit + KILL_GRACE_SECONDS)
+    held = bound + timedelta(minutes=25)
+    assert release_time(held, granted, held, limit) == bound
+    assert release_time(bound, granted, held, limit) == bound
+    just_before = bound - timedelta(seconds=1)
+    assert release_time(just_before, granted, held, limit) == just_before
+    assert end_time(held, granted, held) == held  # the end itself is said as it was
 
 
 def test_a_job_that_failed_by_its_own_fault_without_running_is_not_restarted() -> None:
@@ -422,13 +442,13 @@ def test_a_job_that_failed_by_its_own_fault_without_running_is_not_restarted() -
 def test_a_late_success_bills_no_longer_than_an_attempt_could_run() -> None:
     """A runner node whose allocation was declared lost said weeks later that it had just
     succeeded: the allocation's bill ran to that moment, weeks of GPUs charged to the job's
-    team. No attempt runs past its spec's max_runtime_seconds (the runner stops it), so a
-    late success ends at most that long (and LATE_SUCCESS_ALLOWANCE, for the runner's setup
-    and kill grace) after its grant; never before its release, never after now."""
+    team. No attempt is billed past its spec's max_runtime_seconds and the kill grace from
+    its grant (``release_time``), so a late success ends at most that long after its grant;
+    never before its release, never after now."""
     granted = datetime(2025, 1, 1, 12, tzinfo=UTC)
     lost = granted + timedelta(minutes=30)
     max_runtime = 3600
-    latest = granted + timedelta(seconds=max_runtime) + LATE_SUCCESS_ALLOWANCE
+    latest = granted + timedelta(seconds=max_runtime + KILL_GRACE_SECONDS)
     weeks = granted + timedelta(weeks=3)
     assert late_release_time(weeks, granted, lost, weeks, max_runtime) == latest
     honest = granted + timedelta(minutes=50)  # finished while cut off, reported weeks later

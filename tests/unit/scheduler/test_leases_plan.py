@@ -5,10 +5,12 @@ the runners' behalf."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 import pytest
 
+from trainyard_platform.services.billing.domain import Price, Usage
 from trainyard_platform.services.scheduler.domain import (
     Allocation,
     AllocationStatus,
@@ -31,6 +33,7 @@ from trainyard_platform.shared.events.payloads import (
     JobPreempted,
     JobSpec,
 )
+from trainyard_platform.shared.worst_case import KILL_GRACE_SECONDS, attempt_seconds, reservation
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 TUNING = Tuning(PolicyConfig(), cancel_grace_s=7.0, restart_backoff_s=4.0)
@@ -173,6 +176,28 @@ def test_release_times_stay_between_the_grant_and_now() -> None:
     late = plan(job(), "succeeded", reported_s=999, now_s=60)
     assert [r[1] for r in late.releases] == [T0 + timedelta(seconds=60)] * 2
     assert late.gpu_seconds == 2 * 60 + 1 * 50
+
+
+def test_a_job_at_all_its_limits_is_billed_no_more_than_the_worst_case_a_budget_reserves() -> None:
+    """The worst case a budget reserves for a job (``shared.worst_case``: its
+    ``max_runtime_seconds`` and the kill grace) bounds what its attempt is billed, although
+    its allocations are held longer: from the grant, 10 minutes of preparation (code,
+    environment, checkpoint restored) before the runner's limit starts, the limit, the
+    grace, and the runner's 15 minutes' wait for its last checkpoint's upload."""
+    j = job()
+    limits = timedelta(seconds=600 + j.spec.max_runtime_seconds + KILL_GRACE_SECONDS + 900)
+    reported = B.granted_at + limits
+    ending = plan(j, "failed", reported_s=(reported - T0).total_seconds(), now_s=99_999)
+    released = [p for p in payloads(ending) if isinstance(p, AllocationReleased)]
+    assert [r.released_at for r in released] == [
+        a.granted_at + timedelta(seconds=attempt_seconds(j.spec.max_runtime_seconds)) for a in GANG
+    ]
+    assert [r[1] for r in ending.releases] == [r.released_at for r in released]
+    assert ending.gpu_seconds == 3 * attempt_seconds(j.spec.max_runtime_seconds)
+    price = Price("a100", Decimal("2.5"), "USD")
+    billed = sum(Usage.from_release(r, price).cost for r in released)
+    rates = {"a100": {"gpu_hour": "2.5"}}
+    assert billed <= reservation(j.spec.model_dump(), rates)
 
 
 def test_a_restartable_failure_fences_the_other_members_and_says_each_preempted() -> None:
