@@ -5,25 +5,30 @@ lets other teams' jobs start, and releases them when the budget is raised."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 
 import pytest
 
 from tests.integration.scheduler.conftest import Scheduler, preempted
 from tests.integration.scheduler.test_policy_service import started
+from trainyard_platform.services.billing.domain import Price, Usage
 from trainyard_platform.shared.events import Envelope
 from trainyard_platform.shared.events.payloads import (
     AllocationGranted,
+    AllocationReleased,
     AllocationRevoked,
     BudgetOnExhausted,
     BudgetPolicy,
     BudgetUpdated,
+    JobFailed,
     JobPending,
     ReservationRates,
 )
 from trainyard_platform.shared.events.trust import owner
-from trainyard_platform.shared.worst_case import KILL_GRACE_SECONDS
+from trainyard_platform.shared.worst_case import KILL_GRACE_SECONDS, attempt_seconds, reservation
 
 pytestmark = pytest.mark.integration
 
@@ -300,3 +305,52 @@ async def test_a_running_job_s_cost_billing_counts_is_not_reserved_again(
         lambda p: p.job_id == waiting and "1.250000 of 7.500000 USD is spent" in p.reason,
     )
     assert len(scheduler.events(AllocationGranted, lambda g: g.job_id == waiting)) == 0
+
+
+async def test_a_job_held_past_its_limits_is_billed_no_more_than_its_reservation(
+    scheduler: Scheduler,
+) -> None:
+    """The reservation a budget makes for a job bounds what its attempt is billed, though
+    its allocation is held longer than its process runs: before it (the code, environment
+    and checkpoint prepared; the runner's limit starts only at the spawn) and after it (the
+    runner's wait for its last checkpoint's upload). Here a job of a 1 s limit is held
+    about 35 s, and its release is billed its limit and the kill grace from its grant (31
+    s), what the scheduler reserved, not the whole time held."""
+    now = datetime.now(UTC)
+    rates = {"cpu": ReservationRates(gpu_hour="3600")}  # a GPU-second costs 1 USD
+    room = BudgetUpdated(
+        team="vision",
+        month=f"{now.year:04d}-{now.month:02d}",
+        amount="1000.000000",
+        spent="0.000000",
+        currency="USD",
+        policy="refuse",
+        exhausted=False,
+        revision=1,
+        rates=rates,
+    )
+    await scheduler.send(room, "vision")
+    await scheduler.submit("limited", gpus=1, max_runtime_seconds=1)
+    await scheduler.heartbeat("n1", gpus=1)
+    (grant,) = await scheduler.wait_for(AllocationGranted, lambda g: g.job_id == "limited")
+    await scheduler.send(started(grant), "limited")
+    held = grant.granted_at + timedelta(seconds=attempt_seconds(1) + 4)
+    await asyncio.sleep(max(0.0, (held - datetime.now(UTC)).total_seconds()))
+    ended = JobFailed(
+        job_id=grant.job_id,
+        allocation_id=grant.allocation_id,
+        node_id=grant.node_id,
+        epoch=grant.epoch,
+        finished_at=datetime.now(UTC),  # after its limit, its grace and an upload wait
+        exit_code=None,
+        reason="max runtime exceeded (1 s)",
+        failure_kind="max_runtime",
+    )
+    await scheduler.send(ended, "limited")
+    (released,) = await scheduler.wait_for(
+        AllocationReleased, lambda r: r.allocation_id == grant.allocation_id
+    )
+    assert released.released_at == grant.granted_at + timedelta(seconds=attempt_seconds(1))
+    bill = Usage.from_release(released, Price("cpu", Decimal("3600"), "USD")).cost
+    reserved = reservation(grant.spec.model_dump(), {"cpu": {"gpu_hour": "3600"}})
+    assert bill == reserved == Decimal("31.000000")
