@@ -32,8 +32,11 @@ Contract:
   naming ``Authorization``, the limit and the service, with ``Retry-After``, before its role
   is checked or its handler runs. The user's buckets at submission, which its token check
   spends, are shared by all the services; these bound what one user takes of this one, on
-  each of its replicas. The operator token spends none (the operators' break-glass
-  credential; no user, no team), nor do the probes, which need no token.
+  each of its replicas. A request with the operator token spends a read or a write of the
+  token's own buckets at this service (``shared.ratelimit.OperatorRateLimits``, built by
+  ``guard_for``: ``operator_rate_factor`` times a user's rates and bursts, generous so
+  that operations do not meet them), at the same point: past them it is 429 naming the
+  operator token's limit and the service. The probes need no token and spend nothing.
   Anything else is 401; a missing header, a malformed one (a token that is not RFC 6750's
   ``b64token`` or is over 1024 characters, or ``Authorization`` given twice:
   ``shared.auth.presented_token``) and a wrong, revoked or expired token are not told apart. The identity service being down is 503, never an open door.
@@ -75,7 +78,11 @@ from trainyard_platform.shared.identity import (
     Role,
     operator_token_principal,
 )
-from trainyard_platform.shared.ratelimit import COUNTED_AS_READ, UserRateLimits
+from trainyard_platform.shared.ratelimit import (
+    COUNTED_AS_READ,
+    OperatorRateLimits,
+    UserRateLimits,
+)
 from trainyard_platform.shared.settings import GuardedServiceSettings
 
 OPEN_PATHS: Final[frozenset[str]] = frozenset({"/healthz", "/readyz", "/metrics"})
@@ -136,11 +143,12 @@ def service_guard(
     admin_token: SecretStr,
     identity: IdentityClient | None = None,
     limits: UserRateLimits | None = None,
+    operator_limits: OperatorRateLimits | None = None,
 ) -> Guard:
     """An app-level guard: every route but the probes needs the operator token or (with
     ``identity``) a valid user token, whose request spends a read or a write of its user's
-    and team's ``limits`` (none: not limited here). Raises ``ValueError`` for an empty
-    operator token."""
+    and team's ``limits``, or, with the operator token, of ``operator_limits`` (none: not
+    limited here). Raises ``ValueError`` for an empty operator token."""
     expected = admin_token.get_secret_value().encode()
     if not expected.strip():
         raise ValueError("the operator (admin) token must not be empty")
@@ -157,6 +165,11 @@ def service_guard(
         teams: TeamExists | None = None
         if secrets.compare_digest(presented.encode(), expected):
             principal = operator_token_principal()
+            if operator_limits is not None:
+                why = COUNTED_AS_READ if stores_nothing(connection, handler) else ""
+                refused = operator_limits.take(is_write(connection, handler), why)
+                if refused is not None:
+                    raise refused
         elif identity is not None:
             # The caller's address goes with the check: a wrong token is counted against
             # it at the identity service, not against this service's, which every user's
@@ -195,8 +208,9 @@ async def guard_for(
 ) -> AsyncIterator[Guard]:
     """The ``service_guard`` of a service's settings: its identity client (when
     ``identity_url`` is set; ``http``: how it reaches it, by default HTTP), closed on exit,
-    and its users' rate limits (``UserRateLimits.of`` the settings, named after the
-    service: ``TRAINYARD_REGISTRY_`` is the registry service)."""
+    and its users' and its operator token's rate limits (``UserRateLimits.of`` and
+    ``OperatorRateLimits.of`` the settings, named after the service: ``TRAINYARD_REGISTRY_``
+    is the registry service)."""
     prefix = str(settings.model_config.get("env_prefix", ""))
     identity = (
         IdentityClient(settings.identity_url, http=http, setting=f"{prefix}IDENTITY_URL")
@@ -204,9 +218,12 @@ async def guard_for(
         else None
     )
     name = prefix.removeprefix("TRAINYARD_").strip("_").lower()
-    limits = UserRateLimits.of(settings, f" to the {name} service" if name else "")
+    to = f" to the {name} service" if name else ""
+    limits = UserRateLimits.of(settings, to)
     try:
-        yield service_guard(settings.admin_token, identity, limits)
+        yield service_guard(
+            settings.admin_token, identity, limits, OperatorRateLimits.of(settings, to)
+        )
     finally:
         if identity is not None:
             await identity.aclose()

@@ -114,8 +114,10 @@ def operator_token_principal() -> Principal:
 
 def _address(client: str | None) -> str | None:
     """``client`` as given, when it is an IP address that a header can carry; else None.
-    Not rewritten (``::ffff:203.0.113.9`` stays so): submission keys its bucket by the
-    address as uvicorn gives it, and a client reaching it directly is given it so."""
+    Not rewritten (``::ffff:203.0.113.9`` stays so): submission keys its bucket by
+    ``shared.ratelimit.client_key`` of the address it is given, as it does a client's that
+    reaches it directly (``::ffff:203.0.113.9`` as ``203.0.113.9``, an IPv6 one by its
+    /64)."""
     if not client or not client.isascii() or not client.isprintable() or " " in client:
         return None  # an IPv6 zone (``%eth0``) may be anything ``ip_address`` takes
     try:

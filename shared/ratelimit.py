@@ -5,7 +5,9 @@ and those of the scheduler, registry, billing and runner (``shared.access.servic
 
 Contract:
 - ``RateLimiter(rate, burst)`` keeps one bucket per key (the services key it by the
-  authenticated user, never by the raw token or the client address). A bucket holds at
+  authenticated user, never by the raw token or the client address; submission's bound on
+  refused authentications, which has no user, by ``client_key`` of the client's address).
+  A bucket holds at
   most ``burst`` tokens, starts full and refills at ``rate`` tokens per second.
 - ``take(key)`` spends one token and answers 0.0, or, when the bucket is empty, spends
   nothing and answers the seconds until a token will be there (always > 0).
@@ -28,19 +30,30 @@ Contract:
   ``write_burst``, ``team_rate_factor``). An empty bucket's refusal is ``too_many``: 429
   in the shared error shape, naming ``Authorization``, the limit in words and
   ``Retry-After`` in whole seconds (at least 1).
+- ``OperatorRateLimits`` is a service's operator token's reads and writes (scheduler,
+  registry, billing, runner: ``GuardedServiceSettings``), one bucket each, as the token has
+  no user or team, at ``operator_rate_factor`` times a user's rate and burst; its 429 names
+  the operator token.
+- ``client_key(address)``: the one key of a client address, so that one client cannot
+  sidestep a limit by changing addresses: an IPv4 address as itself, an IPv4-mapped IPv6
+  address (``::ffff:a.b.c.d``) as that IPv4 address, any other IPv6 address as its /64
+  network (``2001:db8:1:2::/64``), which a provider gives each host whole (keyed by
+  address, one host would have 2^64 buckets); what is no IP address as given.
+- Every limit lives in its process: N replicas of a service allow N times the rate.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Self
+from typing import Final, Self
 
 from trainyard_platform.shared.http_errors import RateLimited
-from trainyard_platform.shared.settings import ServiceSettings
+from trainyard_platform.shared.settings import GuardedServiceSettings, ServiceSettings
 
 DEFAULT_MAX_KEYS = 100_000
 """Buckets a limiter keeps at most (a few hundred bytes each)."""
@@ -48,6 +61,30 @@ DEFAULT_MAX_KEYS = 100_000
 COUNTED_AS_READ = "; a request that stores nothing, as this dry run or estimate, counts as a read"
 """Added to the 429 of a request that is no ``GET`` or ``HEAD`` yet spends a read
 (``shared.access.stores_nothing``), so its caller knows why the read limit met it."""
+
+OPERATOR_TOKEN: Final = "operator-token"
+"""The key of a service's operator token in its ``OperatorRateLimits`` (the one caller of
+that token, whoever holds it)."""
+
+IPV6_NETWORK_BITS: Final = 64
+"""The prefix an IPv6 client is keyed by: a host is given a /64, every address in it its own."""
+
+
+def client_key(address: str) -> str:
+    """The key of a client ``address`` in a limiter (see the module): the IPv4 address, the
+    IPv4 address an IPv4-mapped IPv6 address carries, the /64 network of any other IPv6
+    address (its zone, ``%eth0``, dropped), or ``address`` as given when it is no IP
+    address (``unknown``: no peer). A key with a ``/`` is a network, not one address."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv4Address):
+        return str(ip)
+    if ip.ipv4_mapped is not None:
+        return str(ip.ipv4_mapped)
+    host_bits = 128 - IPV6_NETWORK_BITS
+    return str(ipaddress.IPv6Network((int(ip) >> host_bits << host_bits, IPV6_NETWORK_BITS)))
 
 
 class RateLimiter:
@@ -193,3 +230,39 @@ class UserRateLimits:
         """Spend a write (``write``) or a read of ``user`` and its ``team``: None, or the
         429 (``Buckets.take``)."""
         return (self.writes if write else self.reads).take(user, team, why)
+
+
+@dataclass(frozen=True)
+class OperatorRateLimits:
+    """A service's operator token's reads and writes: one bucket each, ``operator_rate_factor``
+    times a user's (see the module)."""
+
+    reads: RateLimiter
+    writes: RateLimiter
+    to: str = ""
+    """The service, in the limit's words (as ``Buckets.to``)."""
+
+    @classmethod
+    def of(cls, settings: GuardedServiceSettings, to: str = "") -> Self:
+        """The operator token's limits ``settings`` name: a user's read and write rates and
+        bursts times ``operator_rate_factor`` (bursts rounded up)."""
+        factor = settings.operator_rate_factor
+        return cls(
+            reads=RateLimiter(
+                settings.read_rate_per_s * factor, math.ceil(settings.read_burst * factor)
+            ),
+            writes=RateLimiter(
+                settings.write_rate_per_s * factor, math.ceil(settings.write_burst * factor)
+            ),
+            to=to,
+        )
+
+    def take(self, write: bool, why: str = "") -> RateLimited | None:
+        """Spend a write (``write``) or a read of the operator token: None, or the 429 naming
+        the operator token's limit (``why``: added to its detail)."""
+        limiter, kind = (self.writes, "write") if write else (self.reads, "read")
+        wait = limiter.take(OPERATOR_TOKEN)
+        if wait <= 0:
+            return None
+        rate = f"{limiter.rate:g} {kind} requests{self.to} per second with the operator token"
+        return too_many(wait, rate, limiter.burst, why)

@@ -273,7 +273,8 @@ class ServiceSettings(LogFormatSettings):
     per second, sustained (``shared.ratelimit``); past the burst the API answers 429 with
     ``Retry-After``. A request that stores nothing (a dry run, a cost estimate, a retry
     answered from its ``Idempotency-Key``'s job) is a read (``shared.access.only_reads``,
-    submission's ``ratelimit.replays_as_read``). The operator token is not limited."""
+    submission's ``ratelimit.replays_as_read``). A service's operator token has limits of
+    its own (``GuardedServiceSettings.operator_rate_factor``)."""
     write_burst: int = Field(default=50, ge=1)
     """Writes a user may make at once before ``write_rate_per_s`` applies."""
     read_rate_per_s: float = Field(default=50.0, gt=0)
@@ -345,6 +346,12 @@ class GuardedServiceSettings(ServiceSettings):
     identity_url: str | None = None
     """Base URL of the submission service, which checks user tokens (``GET /v1/me``) for
     this service on every request. Unset: only the operator token is accepted."""
+    operator_rate_factor: float = Field(default=10.0, ge=1, le=1_000_000)
+    """The operator token may make this many times a user's reads and writes (rate and
+    burst) to this service, in one bucket each for the token (``shared.ratelimit``
+    ``OperatorRateLimits``); past the burst, 429 with ``Retry-After`` naming the operator
+    token's limit. Generous, so that operations never meet it, yet a stolen token or a
+    runaway script cannot make requests without bound."""
 
     @field_validator("identity_url")
     @classmethod

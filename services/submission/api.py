@@ -72,7 +72,7 @@ Contract:
   The probes are not limited.
 - Where ``failed_auth_burst`` is set (off by default, see its setting), a request whose
   token is missing, malformed or refused (401 in the guard) counts against its client's
-  address (as uvicorn gives it; ``failed_auth``): past ``failed_auth_burst`` of them,
+  address (as uvicorn gives it; an IPv6 one by its /64: ``failed_auth``): past ``failed_auth_burst`` of them,
   refilled at ``failed_auth_rate_per_s``, the address's requests answer 429 with
   ``Retry-After`` before their token is looked up, but for tokens that authenticated in
   this process lately and were not refused since, so the users sharing an address with a failing client keep working.
@@ -1086,7 +1086,8 @@ def caller_guard(
 def _client_address(connection: ASGIConnection[Any, Any, Any, Any]) -> str:
     """The client's address as uvicorn gives it: the TCP peer's, or, when the peer is one of
     ``FORWARDED_ALLOW_IPS`` (uvicorn's own variable; loopback only by default), the address
-    its ``X-Forwarded-For`` names. No other header is read."""
+    its ``X-Forwarded-For`` names. No other header is read. ``failed_auth`` keys it
+    (``shared.ratelimit.client_key``: an IPv6 address by its /64)."""
     client = connection.client
     return client.host if client is not None else "unknown"
 

@@ -45,8 +45,9 @@ class Settings(ServiceSettings):
     users does not multiply the team's tokens past it; one more answers 409 naming the
     limit (``POST /v1/tokens``, ``POST /v1/admin/users``)."""
     failed_auth_rate_per_s: float = Field(default=10.0, gt=0, le=1_000_000)
-    """Requests with a missing, malformed or wrong token one client address may make per
-    second, sustained; past the burst its requests answer 429 with ``Retry-After`` before
+    """Requests with a missing, malformed or wrong token one client address (an IPv6 one: its
+    /64 network, ``shared.ratelimit.client_key``) may make per second, in each process,
+    sustained; past the burst its requests answer 429 with ``Retry-After`` before
     any token lookup, but for tokens seen valid lately (``failed_auth``)."""
     failed_auth_burst: int = Field(default=0, ge=0, le=1_000_000)
     """Refused authentications one client address may have at once before

@@ -1,4 +1,5 @@
-"""Requests whose token is missing or wrong, bounded per client address before any lookup.
+"""Requests whose token is missing or wrong, bounded per client (its IPv4 address, its IPv6
+/64) before any lookup.
 
 Every request with a token costs a database lookup (``identity.authenticate``); one whose
 token is missing, malformed, wrong, revoked or expired, or whose user is disabled, is
@@ -6,12 +7,18 @@ refused (401) before the rate limits of ``shared.ratelimit``, which are keyed by
 not got. So a client sending garbage tokens cost a lookup each, without bound.
 
 Contract:
+- Every address given is keyed by ``shared.ratelimit.client_key``: an IPv4 address (an
+  IPv4-mapped IPv6 one as the IPv4 address it carries) by itself, an IPv6 address by its
+  /64 network, so that a host given a /64 cannot spend a fresh bucket with each of its 2^64
+  addresses (all the addresses of one /64 share one bucket, as the users behind one IPv4
+  address do). Below, "the address" is that key.
 - ``failed(address, token_hash)`` counts a refused authentication (each 401 of the guard)
   against the client address, and forgets that the token was seen valid (below), in a ``shared.ratelimit.RateLimiter`` of ``failed_auth_rate_per_s`` and
   ``failed_auth_burst`` (one mechanism with the users' limits: the same buckets, forgotten
   the same way, bounded in memory the same way).
 - ``refusal(address, token_hash)``: None, or the 429 (``Retry-After``, in the shared error
-  shape, naming ``Authorization``) a request gets before its token is looked up, once its
+  shape, naming ``Authorization``; "this client address" or, for an IPv6 one, "this
+  client's network" and its /64) a request gets before its token is looked up, once its
   address's bucket is empty. It spends nothing: a request so refused is not counted again.
 - A token that authenticated in this process within ``VOUCHED_FOR_S`` (``succeeded``), and
   was not refused since (revoked, expired, its user disabled), is never so refused, from
@@ -36,15 +43,15 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 from trainyard_platform.shared.http_errors import RateLimited
-from trainyard_platform.shared.ratelimit import DEFAULT_MAX_KEYS, RateLimiter
+from trainyard_platform.shared.ratelimit import DEFAULT_MAX_KEYS, RateLimiter, client_key
 
 VOUCHED_FOR_S = 900.0
 """How long a token's success lets it past its address's refusal (15 minutes)."""
 
 
 class FailedAuthentications:
-    """Refused authentications per client address, and the tokens seen valid (see the
-    module)."""
+    """Refused authentications per client address (``client_key``), and the tokens seen
+    valid (see the module)."""
 
     def __init__(
         self,
@@ -62,24 +69,26 @@ class FailedAuthentications:
     def refusal(self, address: str, token_hash: str | None) -> RateLimited | None:
         """The 429 of a request from ``address`` with ``token_hash`` (None: no usable token)
         before its lookup, or None (see the module)."""
-        wait = self.limiter.wait(address)
+        key = client_key(address)
+        wait = self.limiter.wait(key)
         if wait <= 0 or (token_hash is not None and self._seen(token_hash)):
             return None
         retry = max(1, math.ceil(wait))
         limit = f"{self.limiter.rate:g} per second (bursts of {self.limiter.burst})"
+        where = f"this client's network ({key})" if "/" in key else "this client address"
         return RateLimited(
-            "too many requests with a missing or wrong token from this client address: at "
-            f"most {limit}; retry after {retry} s",
+            f"too many requests with a missing or wrong token from {where}: at most {limit}; "
+            f"retry after {retry} s",
             retry_after=retry,
             field="Authorization",
-            message=f"too many refused tokens from this client address: at most {limit}",
+            message=f"too many refused tokens from {where}: at most {limit}",
         )
 
     def failed(self, address: str, token_hash: str | None = None) -> None:
         """Count a refused authentication of ``address`` with ``token_hash`` (None: no
         usable token), which is vouched for no more: a token revoked, expired or of a user
         disabled since it was seen valid must not go on passing the refusal."""
-        self.limiter.take(address)
+        self.limiter.take(client_key(address))
         if token_hash is not None:
             self._vouched.pop(token_hash, None)
 

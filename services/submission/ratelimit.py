@@ -4,8 +4,8 @@ is charged a read (a job's submission or reproduction, a token's creation).
 The token buckets themselves (``RateLimiter``, a user's and its team's ``Buckets``, the
 429 of ``too_many``) are every service's, in ``shared.ratelimit``; the submission API keys
 them by the authenticated user's id, never by the raw token or the client address, and
-keeps one more ``RateLimiter`` by client address: of its refused authentications
-(``failed_auth``), never of its requests.
+keeps one more ``RateLimiter`` by client address (``shared.ratelimit.client_key``: an IPv6
+one by its /64): of its refused authentications (``failed_auth``), never of its requests.
 
 Contract:
 - A request under an ``Idempotency-Key`` to a route declared ``replays_as_read()`` (a
