@@ -1,7 +1,8 @@
 """The scheduler, registry and billing limit each user's requests themselves, as submission
 does (``shared.ratelimit``): past its burst at a service a user gets 429 with
 ``Retry-After`` in the shared error shape, naming the limit and the service, while another
-user, the operator token and the probes go on.
+user, the operator token and the probes go on. The operator token has buckets of its own,
+``operator_rate_factor`` (10) times a user's: past them it is 429 too.
 
 Each service is built in-process over its own migrated schema, with its guard made as its
 ``service.serve`` makes it (``shared.access.guard_for`` of its settings), checking user
@@ -129,10 +130,24 @@ async def test_past_the_burst_a_user_gets_429_and_another_user_does_not(
         assert answer.status_code == 200, answer.text
 
 
-async def test_the_operator_token_and_the_probes_are_not_limited(limited: Limited) -> None:
+async def test_the_operator_token_has_its_own_limit_and_the_probes_none(
+    limited: Limited,
+) -> None:
+    """Before, the operator token was not limited at all: a stolen one, or a runaway
+    script, could make requests to a service without bound."""
     for _ in range(BURST + 1):
         await limited.get("alice")
     assert (await limited.get("alice")).status_code == 429
-    for _ in range(2 * BURST):
-        assert (await limited.get("operator")).status_code == 200
+    operator_burst = 10 * BURST  # the default operator_rate_factor times a user's burst
+    for _ in range(operator_burst):
+        assert (await limited.get("operator")).status_code == 200  # not the user's bucket
         assert (await limited.client.get("/healthz")).status_code == 200
+    refused = await limited.get("operator")
+    assert refused.status_code == 429, refused.text
+    assert refused.headers["Retry-After"].isdigit() and int(refused.headers["Retry-After"]) >= 1
+    assert refused.json()["detail"].startswith(
+        f"rate limit exceeded: at most 0.01 read requests to the {limited.service} service "
+        f"per second with the operator token (bursts of {operator_burst}); retry after "
+    ), refused.text
+    assert (await limited.client.get("/healthz")).status_code == 200
+    assert (await limited.get("bob")).status_code == 200  # users keep their own buckets

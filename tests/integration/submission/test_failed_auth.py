@@ -110,6 +110,31 @@ async def test_a_token_seen_valid_and_then_revoked_is_vouched_for_no_more(
         assert still.status_code == 200, still.text  # alice's own, seen valid, still is
 
 
+async def test_the_addresses_of_one_ipv6_64_share_one_budget_of_failures(
+    limited: Submission, settings: Settings
+) -> None:
+    """A host is given a whole IPv6 /64: keyed by address, a client changing its address
+    at each request had a fresh budget of failures each time, that is none at all."""
+    tight = settings.model_copy(update={"failed_auth_burst": BURST, "failed_auth_rate_per_s": 0.01})
+    app = create_app(tight, AppDeps(pool=limited.pool, store=limited.store))
+    hops = [_client(app, f"2001:db8:7:1::{n}") for n in range(1, BURST + 2)]
+    async with contextlib.AsyncExitStack() as stack:
+        for hop in hops:
+            await stack.enter_async_context(hop)
+        neighbour = await stack.enter_async_context(_client(app, "2001:db8:7:2::1"))
+        for hop in hops[:BURST]:  # the burst, each failure from another address
+            refused = await hop.get("/v1/jobs", headers=_bearer("ty_wrong"))
+            assert refused.status_code == 401, refused.text
+        limited_answer = await hops[BURST].get("/v1/jobs", headers=_bearer("ty_wrong"))
+        assert limited_answer.status_code == 429, limited_answer.text
+        assert (
+            "missing or wrong token from this client's network (2001:db8:7:1::/64)"
+            in limited_answer.json()["detail"]
+        )
+        other = await neighbour.get("/v1/jobs", headers=_bearer("ty_wrong"))
+        assert other.status_code == 401, other.text  # the next /64: a budget of its own
+
+
 class _Server(uvicorn.Server):
     """uvicorn in the test's loop, leaving the signals alone."""
 

@@ -1,12 +1,21 @@
 """Token buckets with a fake clock: burst, refill, one bucket per key, bounded memory; a
-user's bucket with its team's, and a service's reads and writes built from its settings."""
+user's bucket with its team's, a service's reads and writes built from its settings, its
+operator token's own, and the one key of a client address (an IPv6 one by its /64)."""
 
 from __future__ import annotations
 
 import pytest
 
-from trainyard_platform.shared.ratelimit import Buckets, RateLimiter, UserRateLimits
-from trainyard_platform.shared.settings import ServiceSettings
+from pydantic import SecretStr
+
+from trainyard_platform.shared.ratelimit import (
+    Buckets,
+    OperatorRateLimits,
+    RateLimiter,
+    UserRateLimits,
+    client_key,
+)
+from trainyard_platform.shared.settings import GuardedServiceSettings, ServiceSettings
 
 
 class Clock:
@@ -152,3 +161,52 @@ def test_a_services_limits_are_its_settings_reads_and_writes_apart() -> None:
     )
     assert [limits.take(False, "u", "t") for _ in range(3)] == [None] * 3  # reads: their own
     assert limits.take(False, "u", "t") is not None
+
+
+@pytest.mark.parametrize(
+    ("address", "key"),
+    [
+        ("203.0.113.9", "203.0.113.9"),
+        ("::ffff:203.0.113.9", "203.0.113.9"),  # IPv4-mapped: the IPv4 client's own bucket
+        ("2001:db8:1:2::5", "2001:db8:1:2::/64"),
+        ("2001:db8:1:2:ffff:ffff:ffff:ffff", "2001:db8:1:2::/64"),
+        ("2001:DB8:1:2:0:0:0:7", "2001:db8:1:2::/64"),  # any spelling of it
+        ("fe80::1%eth0", "fe80::/64"),  # the zone is no part of the network
+        ("unknown", "unknown"),  # no peer: as given
+    ],
+)
+def test_a_client_is_keyed_by_its_ipv4_address_or_its_ipv6_64(address: str, key: str) -> None:
+    assert client_key(address) == key
+
+
+def test_addresses_of_one_ipv6_64_share_a_bucket_and_of_another_64_do_not() -> None:
+    """A host is given a whole /64: keyed by address, each of its 2^64 addresses had a
+    full bucket of its own."""
+    limiter = RateLimiter(rate=0.001, burst=2, clock=Clock())
+    assert limiter.take(client_key("2001:db8:1:2::1")) == 0.0
+    assert limiter.take(client_key("2001:db8:1:2::2")) == 0.0
+    assert limiter.take(client_key("2001:db8:1:2:a:b:c:d")) > 0  # the same /64: spent
+    assert limiter.take(client_key("2001:db8:1:3::1")) == 0.0  # the next /64: its own
+    assert limiter.take(client_key("::ffff:198.51.100.7")) == 0.0
+    assert limiter.take(client_key("198.51.100.7")) == 0.0
+    assert limiter.take(client_key("::ffff:198.51.100.7")) > 0  # mapped: the IPv4 bucket
+
+
+def test_the_operator_token_has_buckets_of_its_own_a_multiple_of_a_users() -> None:
+    settings = GuardedServiceSettings(
+        admin_token=SecretStr("op"), read_rate_per_s=0.001, read_burst=3,
+        write_rate_per_s=0.001, write_burst=1, operator_rate_factor=2.5,
+    )  # fmt: skip
+    assert GuardedServiceSettings(admin_token=SecretStr("op")).operator_rate_factor == 10
+    limits = OperatorRateLimits.of(settings, " to the runner service")
+    assert (limits.reads.rate, limits.reads.burst) == (0.0025, 8)  # 7.5 rounded up
+    assert (limits.writes.rate, limits.writes.burst) == (0.0025, 3)
+    assert [limits.take(True) for _ in range(3)] == [None] * 3
+    refused = limits.take(True, "; why")
+    assert refused is not None and refused.detail.startswith(
+        "rate limit exceeded: at most 0.0025 write requests to the runner service per second "
+        "with the operator token (bursts of 3); why; retry after "
+    )
+    assert refused.errors[0].field == "Authorization"
+    assert [limits.take(False) for _ in range(8)] == [None] * 8  # reads: their own
+    assert limits.take(False) is not None

@@ -71,3 +71,18 @@ def test_a_token_refused_since_it_was_seen_valid_is_vouched_for_no_more() -> Non
     failures.failed("proxy", GOOD)  # revoked since: its lookup refused it
     assert failures.refusal("proxy", GOOD) is not None
     assert failures.refusal("elsewhere", GOOD) is None  # another address: not held back
+
+
+def test_the_addresses_of_one_ipv6_64_share_one_budget_of_failures() -> None:
+    """A host is given a /64: keyed by address, it had 2^64 fresh budgets of failures."""
+    failures = FailedAuthentications(rate=0.5, burst=2, clock=Clock())
+    failures.failed("2001:db8:1:2::1")
+    failures.failed("2001:db8:1:2::2")
+    refused = failures.refusal("2001:db8:1:2:dead:beef:0:1", BAD)
+    assert refused is not None
+    assert "from this client's network (2001:db8:1:2::/64): at most" in refused.detail
+    assert failures.refusal("2001:db8:1:3::1", BAD) is None  # another /64: its own budget
+    failures.failed("::ffff:10.0.0.9")
+    failures.failed("10.0.0.9")
+    refused = failures.refusal("::ffff:10.0.0.9", BAD)  # an IPv4 client, however written
+    assert refused is not None and "from this client address: at most" in refused.detail
