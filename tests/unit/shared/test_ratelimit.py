@@ -5,7 +5,6 @@ operator token's own, and the one key of a client address (an IPv6 one by its /6
 from __future__ import annotations
 
 import pytest
-
 from pydantic import SecretStr
 
 from trainyard_platform.shared.ratelimit import (
