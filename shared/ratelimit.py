@@ -7,8 +7,8 @@ Contract:
 - ``RateLimiter(rate, burst)`` keeps one bucket per key (the services key it by the
   authenticated user, never by the raw token or the client address; submission's bound on
   refused authentications, which has no user, by ``client_key`` of the client's address).
-  A bucket holds at
-  most ``burst`` tokens, starts full and refills at ``rate`` tokens per second.
+  A bucket holds at most ``burst`` tokens, starts full and refills at ``rate`` tokens per
+  second.
 - ``take(key)`` spends one token and answers 0.0, or, when the bucket is empty, spends
   nothing and answers the seconds until a token will be there (always > 0).
 - ``wait(key)`` answers what ``take`` would (0.0, or the seconds until a token is there)
