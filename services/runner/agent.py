@@ -62,7 +62,10 @@ Contract:
   SIGTERM every job, SIGKILL after the drain timeout, wait for their terminal events
   (``job.preempted``, reason ``runner shutting down``).
 - ``heartbeats`` publishes ``runner.heartbeat`` every interval until the drain is done, each
-  kept in the event stream only ``heartbeat_ttl_seconds`` (``Nats-TTL``). One that fails
+  kept in the event stream only ``heartbeat_ttl_seconds`` (``Nats-TTL``). Each lists every
+  allocation the node holds (``running_allocations``): from the moment ``on_granted`` takes
+  its grant, while its launch prepares, until its end is reported; the scheduler frees the
+  GPUs of an ended allocation a heartbeat does not list. One that fails
   while NATS is away tells the connection's ``Bus.nats_away`` (``shared.outages``): an
   outage is one line when it starts and one when it ends.
 """
@@ -194,7 +197,8 @@ class NodeAgent:
         """The environment each prepared allocation runs in, held until it ends."""
         self._supervisors: set[asyncio.Task[None]] = set()
         self._launches: dict[str, _Launch] = {}
-        """Grants being launched, from their receipt until their job runs or ended unrun."""
+        """Grants being launched, from their receipt until their job runs or ended unrun
+        (its end reported)."""
         self._launch_tasks: set[asyncio.Task[None]] = set()
         self.drained = asyncio.Event()
 
@@ -211,7 +215,14 @@ class NodeAgent:
         return list(self._runs.values())
 
     def running_allocations(self) -> list[str]:
-        return sorted(self._runs)
+        """What a heartbeat says this node runs: every allocation it holds, from the moment
+        it took the grant (a launch still preparing: waiting for its GPUs, fetching code or
+        checkpoint, building the environment, spawning) until its end is reported (a job's
+        supervision ends once its terminal event is published; a launch ends unrun only
+        once its end is). The scheduler frees the GPUs it holds for an ended allocation once
+        a heartbeat no longer lists it (``free_unlisted``), so a launch left out would have
+        its GPUs given to another job while it may still start there."""
+        return sorted({*self._runs, *self._launches})
 
     # --- start-up ------------------------------------------------------------------------
 
@@ -327,12 +338,18 @@ class NodeAgent:
                 grant.allocation_id,
             )
             return
-        accepted = await self._accept(grant)
-        if accepted is None:
-            return
-        # In flight from here until its job runs or it ended unrun: a drain waits for it.
+        # In flight from here until its job runs or it ended unrun: a drain waits for it,
+        # and heartbeats list it (``running_allocations``), already while it is accepted.
         launching = _Launch(grant.epoch, frozenset(grant.gpu_indices))
         self._launches[grant.allocation_id] = launching
+        try:
+            accepted = await self._accept(grant)
+        except BaseException:
+            self._launch_ended(grant.allocation_id)
+            raise
+        if accepted is None:
+            self._launch_ended(grant.allocation_id)
+            return
         background.start(
             self._launch_job(accepted, launching),
             f"the launch of allocation {grant.allocation_id}",
