@@ -262,7 +262,7 @@ async def free_stopped(
 
 
 FREE_UNLISTED = (
-    "WITH freed AS (UPDATE gpu_leases SET released_at = $4 "
+    "WITH freed AS (UPDATE gpu_leases SET released_at = $3 "
     "               WHERE node_id = $1 AND released_at IS NULL "
     "                 AND stopping_since IS NOT NULL AND stopping_since < $3 "
     "                 AND allocation_id <> ALL($2::uuid[]) RETURNING 1) "
@@ -274,15 +274,21 @@ reading the node's past leases."""
 
 
 async def free_unlisted(
-    conn: asyncpg.Connection,
-    node_id: str,
-    running: Sequence[str],
-    sent_at: datetime,
-    now: datetime,
+    conn: asyncpg.Connection, node_id: str, running: Sequence[str], now: datetime
 ) -> int:
-    """A heartbeat of ``node_id`` sent at ``sent_at`` lists ``running`` (allocation ids, as
-    the runner wrote them): the GPUs held for an ended allocation it no longer lists, held
-    since before it was sent, are free as of ``now``. Returns how many were freed."""
+    """A heartbeat of ``node_id`` handled at ``now`` (the scheduler's clock) lists
+    ``running`` (allocation ids, as the runner wrote them): the GPUs held for an ended
+    allocation it does not list, held since before ``now`` (strictly: not in the batch that
+    held them), are free as of ``now``. Returns how many were freed.
+
+    Ordered by the scheduler's own clock alone: the heartbeat's ``sent_at`` (the runner's
+    clock) plays no part, so a runner's clock ahead frees nothing early and one behind
+    keeps nothing longer. A heartbeat lists every allocation its runner holds, from the
+    grant's acceptance until its end is reported (``runner.agent.running_allocations``), so
+    one that does not list the allocation, even one sent before the hold and handled after
+    it, was sent by a runner that did not hold it: it had ended it, or had not yet taken its
+    grant, and then the revocation behind that grant in its node's stream stops the launch
+    before the job runs (and a newer grant on those GPUs waits for that launch)."""
     listed: list[uuid.UUID] = []
     for raw in running:
         try:
@@ -293,7 +299,6 @@ async def free_unlisted(
         FREE_UNLISTED,
         node_id,
         listed,
-        sent_at,
         now,
     )
     return freed

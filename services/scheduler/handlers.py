@@ -11,8 +11,8 @@ event is logged and ignored, never applied. One exception: the success of an all
 released because its node was declared lost is a real result, and is kept
 (``late_success``). An end report of an allocation that ended here already still says its
 processes are gone: the GPUs kept leased while it stopped (``leases``) are freed, and so
-are they when a node's heartbeat sent after they were held no longer lists the allocation;
-either asks for a pass. Such a report, its runner's first after the release, also settles
+are they when a node's heartbeat handled after they were held (the scheduler's clock, not
+the runner's) does not list the allocation; either asks for a pass. Such a report, its runner's first after the release, also settles
 the fair-share charge that release made: a ``platform_error`` takes it back off the team's
 usage, as billing reverses that bill (``leases.refund_late_platform_failure``). An event
 that can never apply is rejected to the
@@ -352,11 +352,12 @@ class SchedulerHandlers:
         self, conn: asyncpg.Connection, heartbeat: RunnerHeartbeat, now: datetime
     ) -> None:
         """GPUs kept leased for an ended allocation while its runner stopped it are free
-        once a heartbeat sent after that no longer lists it (the runner finished stopping it
-        without a report the scheduler heard, or restarted and killed what was left); a pass
-        is asked for when any were."""
+        once a heartbeat handled after they were held (``now``, the scheduler's clock; never
+        the runner's ``sent_at``) does not list it (the runner finished stopping it without a
+        report the scheduler heard, or restarted and killed what was left); a pass is asked
+        for when any were."""
         freed = await allocation_repo.free_unlisted(
-            conn, heartbeat.node_id, heartbeat.running_allocations, heartbeat.sent_at, now
+            conn, heartbeat.node_id, heartbeat.running_allocations, now
         )
         if freed:
             log.info(

@@ -30,7 +30,8 @@ Contract:
   lease per GPU refuses one) and a waiting job's reason names them as being freed
   (``convert.stopping_holder``). They are freed when that runner reports the allocation's
   end (``handlers``: a report fenced as stale still frees them), when a heartbeat of its
-  node sent after they were held no longer lists the allocation (the runner finished
+  node handled after they were held (the scheduler's clock: ``free_unlisted``) does not
+  list the allocation (the runner finished
   without a report heard, or restarted and killed what was left), or when the node is
   declared lost (``node_watch``). It is ``plan_end``
   (decide and build the events, no I/O) then ``apply_endings``, which writes any number of

@@ -43,6 +43,7 @@ from trainyard_platform.shared.events.payloads import (
     AllocationRevoked,
     JobFailed,
     JobPreempted,
+    RunnerHeartbeat,
 )
 
 from .conftest import make_spec
@@ -676,12 +677,13 @@ async def test_a_lost_nodes_gang_peer_keeps_its_gpu_until_a_later_heartbeat_or_i
         assert await lease_of(conn, on_n1) == (T0, None)
         assert await lease_of(conn, on_n2) == (None, at(60))
 
-        # A heartbeat still listing it, or sent before the GPU was held, frees nothing.
+        # A heartbeat still listing it, or handled in the instant the GPU was held (the
+        # batch that held it), frees nothing.
         listed = [on_n2.allocation_id, "not-a-uuid"]
-        assert await allocation_repo.free_unlisted(conn, "n2", listed, at(70), at(70)) == 0
-        assert await allocation_repo.free_unlisted(conn, "n2", [], at(59), at(70)) == 0
+        assert await allocation_repo.free_unlisted(conn, "n2", listed, at(70)) == 0
+        assert await allocation_repo.free_unlisted(conn, "n2", [], at(60)) == 0
         # Another node's heartbeat, or a report of another epoch, neither.
-        assert await allocation_repo.free_unlisted(conn, "n1", [], at(80), at(80)) == 0
+        assert await allocation_repo.free_unlisted(conn, "n1", [], at(80)) == 0
         assert await allocation_repo.free_stopped(conn, on_n2.allocation_id, "n2", 0, at(80)) == 0
         assert await lease_of(conn, on_n2) == (None, at(60))
 
@@ -694,7 +696,7 @@ async def test_a_lost_nodes_gang_peer_keeps_its_gpu_until_a_later_heartbeat_or_i
         assert live == 0
 
 
-async def test_a_heartbeat_sent_after_the_hold_without_the_allocation_frees_it(
+async def test_a_heartbeat_handled_after_the_hold_without_the_allocation_frees_it(
     pool: asyncpg.Pool,
 ) -> None:
     async with pool.acquire() as conn, conn.transaction():
@@ -710,11 +712,54 @@ async def test_a_heartbeat_sent_after_the_hold_without_the_allocation_frees_it(
             reporter=on_n1.allocation_id,
         )
         await apply_endings(conn, [ending], at(20), TUNING)
-        assert await allocation_repo.free_unlisted(conn, "n2", ["junk"], at(21), at(22)) == 2
+        assert await allocation_repo.free_unlisted(conn, "n2", ["junk"], at(21)) == 2
         held = await conn.fetchval(
             "SELECT count(*) FROM gpu_leases WHERE released_at IS NULL AND node_id = 'n2'"
         )
         assert held == 0
+
+
+async def heard(conn: asyncpg.Connection, node_id: str, sent_s: float, heard_s: float) -> None:
+    """A heartbeat of ``node_id`` listing nothing, sent at ``sent_s`` by its runner's clock,
+    handled at ``heard_s`` by the scheduler's."""
+    beat = RunnerHeartbeat(
+        node_id=node_id,
+        hostname=f"{node_id}.local",
+        gpu_flavor="cpu",
+        gpu_count=8,
+        sent_at=at(sent_s),
+    )
+    handlers = SchedulerHandlers(clock=lambda: at(heard_s), tuning=TUNING)
+    await handlers.apply([Delivery(Envelope.wrap(beat, source="runner", subject=node_id))], conn)
+
+
+async def test_a_runners_clock_neither_frees_held_gpus_early_nor_keeps_them_late(
+    pool: asyncpg.Pool,
+) -> None:
+    """The hold is ordered against the scheduler's own clock, when it handles a heartbeat:
+    a heartbeat's ``sent_at`` was compared with ``stopping_since``, so a runner's clock a
+    day ahead freed the GPUs with a heartbeat handled in the batch that held them, and one a
+    day behind kept them held for that day."""
+    async with pool.acquire() as conn, conn.transaction():
+        await add_job(conn, "gang")
+        on_n1, on_n2 = await grant(conn, "gang", {"n1": (0,), "n2": (1,)})
+        ending = plan_end(
+            await job(conn, "gang"),
+            [on_n1, on_n2],
+            "preempted",
+            at(10),
+            at(20),
+            TUNING,
+            reporter=on_n1.allocation_id,
+        )
+        await apply_endings(conn, [ending], at(20), TUNING)
+        assert await lease_of(conn, on_n2) == (None, at(20))
+
+        await heard(conn, "n2", sent_s=20 + 86400, heard_s=20)
+        assert await lease_of(conn, on_n2) == (None, at(20))
+
+        await heard(conn, "n2", sent_s=21 - 86400, heard_s=21)
+        assert await lease_of(conn, on_n2) == (at(21), at(20))
 
 
 async def test_the_heartbeats_statement_reads_a_few_pages_whatever_the_nodes_past(
@@ -746,7 +791,6 @@ async def test_the_heartbeats_statement_reads_a_few_pages_whatever_the_nodes_pas
                 f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {allocation_repo.FREE_UNLISTED}",
                 "n1",
                 [],
-                at(100),
                 at(100),
             )
         )[0]
