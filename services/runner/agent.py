@@ -187,6 +187,7 @@ class NodeAgent:
             interpreter=interpreter,
             keep=settings.environments_keep,
             max_bytes=max_bytes,
+            fetch_allowed=settings.fetch_private_allowed,
         )
         self._usage = GpuUsage(gpus)
         self._cgroups: NodeCgroups | None = None

@@ -143,6 +143,13 @@ from types import TracebackType
 from typing import Literal
 
 from trainyard_platform.services.runner import disk_watch
+from trainyard_platform.services.runner.git_remote import PUBLIC_ONLY, PrivateAllowed
+from trainyard_platform.services.runner.wheels import (
+    MAX_WHEEL_BYTES,
+    WheelRefused,
+    WheelUnreachable,
+    fetch_wheel,
+)
 from trainyard_platform.shared.requirements import (
     WHEEL_URL,
     requirement_problem,
@@ -159,6 +166,9 @@ USERS = ".used-by"
 """Folder in an environment of one empty file per team that used it (named by the sha256 of
 the team's name), its modification time the team's last use."""
 SIZE = ".trainyard-size"
+WHEELS = ".trainyard-wheels"
+"""Folder in an environment being built where the job's wheel URLs are downloaded to
+(``wheels``), removed once they are installed."""
 MAX_SETTING = "TRAINYARD_RUNNER_ENVIRONMENTS_MAX_GIB"
 DEFAULT_MAX_SHARE = 0.2
 """Share of its file system's size the cache takes at most when ``MAX_SETTING`` is unset."""
@@ -194,7 +204,13 @@ print(json.dumps({
 
 class EnvironmentBuildError(RuntimeError):
     """A job environment could not be built; the message ends with the installer's last
-    lines of output (the runner reports it as a ``platform_error``)."""
+    lines of output (the runner reports it as a ``platform_error``). ``requirement``: the
+    one requirement (normalised) it is about, when it is about one alone (a wheel URL that
+    could not be downloaded), so that the job's failure can name its field."""
+
+    def __init__(self, message: str, requirement: str | None = None) -> None:
+        super().__init__(message)
+        self.requirement = requirement
 
 
 class InstallError(EnvironmentBuildError):
@@ -383,7 +399,9 @@ class EnvironmentCache:
     folder, ``UV_NO_CACHE``...); ``timeout`` bounds each installer command in seconds.
     ``keep`` and ``max_bytes``: after each build, :meth:`prune` to this many environments
     and bytes on disk (None: no such bound), so a stream of jobs with new requirement sets
-    cannot fill the disk between restarts.
+    cannot fill the disk between restarts. ``fetch_allowed``: what the job's wheel URLs may
+    name although it is not public (``Settings.fetch_allow_private``), ``max_wheel_bytes``
+    the largest wheel downloaded from one (``wheels``).
     """
 
     def __init__(
@@ -398,6 +416,8 @@ class EnvironmentCache:
         interpreter: str | None = None,
         keep: int | None = None,
         max_bytes: int | None = None,
+        fetch_allowed: PrivateAllowed = PUBLIC_ONLY,
+        max_wheel_bytes: int = MAX_WHEEL_BYTES,
     ) -> None:
         if installer not in ("uv", "pip"):
             raise ValueError(f"installer must be 'uv' or 'pip', not {installer!r}")
@@ -418,6 +438,8 @@ class EnvironmentCache:
         self.timeout = timeout
         self.keep = keep
         self.max_bytes = max_bytes
+        self.fetch_allowed = fetch_allowed
+        self.max_wheel_bytes = max_wheel_bytes
         self._base: _Probe | None = None
         self._base_lock = threading.Lock()
 
@@ -628,9 +650,10 @@ class EnvironmentCache:
             self._write_file(purelib / BASE_PTH, _base_pth(base.site))
             pins = self._pins(base)
             wanted = _beyond_the_base(requirements, pins)
+            wheels: dict[str, str] = {}
             if wanted:
                 interpreter = _identity(target / "bin" / "python")
-                self._install(target, purelib, wanted, pins)
+                wheels = self._install(target, purelib, wanted, pins)
                 if _identity(target / "bin" / "python") != interpreter:
                     # pip writes a wheel's ``.data/data/bin/python`` over it; uv refuses.
                     raise RequirementsError(
@@ -660,6 +683,7 @@ class EnvironmentCache:
                 "base_site": list(base.site),
                 "provided": list(self.provided),
                 "packages": list(packages),
+                "wheels": wheels,
                 "built_at": time.time(),
             }
             self._write_file(target / LAST_USED, "")
@@ -685,9 +709,73 @@ class EnvironmentCache:
 
     def _install(
         self, target: Path, purelib: Path, requirements: list[str], pins: Mapping[str, str]
-    ) -> None:
+    ) -> dict[str, str]:
         """Install ``requirements`` into ``target`` with ``pins`` held at their versions
-        (see the module docstring), none of them into the venv."""
+        (see the module docstring), none of them into the venv, each wheel URL from the
+        file the runner downloaded (:meth:`_download_wheels`); the sha256 of each wheel
+        downloaded, by its URL."""
+        try:
+            installable, digests = self._download_wheels(target / WHEELS, requirements)
+            self._run_installer(target, purelib, requirements, installable, pins)
+        finally:
+            shutil.rmtree(target / WHEELS, ignore_errors=True)
+        return digests
+
+    def _download_wheels(
+        self, folder: Path, requirements: list[str]
+    ) -> tuple[list[str], dict[str, str]]:
+        """``requirements`` with each wheel URL downloaded into ``folder``
+        (``wheels.fetch_wheel``: the address judged as a job's git code is, no redirect, at
+        most ``max_wheel_bytes``) and named by its file instead, so the installer never
+        fetches a URL a job names; and the sha256 of each file, by its URL. One whose
+        marker does not hold here is left out (nothing to install). A wheel that cannot be
+        downloaded raises :class:`RequirementsError` when the requirement is at fault,
+        :class:`InstallError` when the network or the server is (as an unreachable index),
+        each naming its ``requirement``."""
+        from packaging.requirements import Requirement
+
+        installable: list[str] = []
+        digests: dict[str, str] = {}
+        for text in requirements:
+            if "@" not in text:
+                installable.append(text)
+                continue
+            requirement = Requirement(text)
+            if requirement.url is None:
+                installable.append(text)
+                continue
+            if requirement.marker is not None and not requirement.marker.evaluate():
+                continue
+            folder.mkdir(exist_ok=True)
+            shown = without_credentials(text)
+            try:
+                path, digests[requirement.url] = fetch_wheel(
+                    requirement.url,
+                    folder,
+                    self.fetch_allowed,
+                    max_bytes=self.max_wheel_bytes,
+                    deadline=self.timeout,
+                )
+            except WheelRefused as exc:
+                raise RequirementsError(f"requirement {shown!r}: {exc}", text) from None
+            except WheelUnreachable as exc:
+                raise InstallError(
+                    f"requirement {shown!r}: could not download the wheel: {exc}", text
+                ) from None
+            extras = f"[{','.join(sorted(requirement.extras))}]" if requirement.extras else ""
+            installable.append(f"{requirement.name}{extras} @ {path.as_uri()}")
+        return installable, digests
+
+    def _run_installer(
+        self,
+        target: Path,
+        purelib: Path,
+        requirements: list[str],
+        installable: list[str],
+        pins: Mapping[str, str],
+    ) -> None:
+        """Run the installer on ``installable`` (``requirements``, wheel URLs downloaded),
+        naming ``requirements`` when it fails."""
         python = str(target / "bin" / "python")
         with tempfile.TemporaryDirectory(prefix="trainyard-install-") as tmp:
             constraints = Path(tmp) / "constraints.txt"
@@ -698,14 +786,14 @@ class EnvironmentCache:
                         self.base_python, "-m", "pip", "--python", python, "install",
                         "--no-input", "--disable-pip-version-check", "--progress-bar", "off",
                         "--only-binary=:all:", "--no-compile", "--constraint", str(constraints),
-                        *requirements,
+                        *installable,
                     ]  # fmt: skip
                     self._run(argv, "pip install", installing=True, requirements=requirements)
                 else:
                     records = [_write_record(purelib, n, v) for n, v in pins.items()]
                     argv = [
                         _uv_bin(), "pip", "install", "--python", python, "--no-build",
-                        "--constraint", str(constraints), *requirements,
+                        "--constraint", str(constraints), *installable,
                     ]  # fmt: skip
                     try:
                         self._run(

@@ -463,11 +463,13 @@ def prepare(
         lease = environments.acquire(spec.requirements, spec.team)
     except (RequirementsError, ValueError) as exc:  # ValueError: a bad requirement
         raise RequirementsUnmet(
-            f"spec.requirements: could not build the job's environment: {exc}"
+            f"{requirements_field(spec.requirements, exc)}: could not build the job's "
+            f"environment: {exc}"
         ) from exc
     except InstallError as exc:  # what the requirements are is the tenant's choice
         raise PlatformError(
-            f"spec.requirements: could not install the job's requirements: {exc}"
+            f"{requirements_field(spec.requirements, exc)}: could not install the job's "
+            f"requirements: {exc}"
         ) from exc
     except EnvironmentBuildError as exc:
         raise NodeFault(f"could not build the job's environment: {exc}") from exc
@@ -477,6 +479,20 @@ def prepare(
     except BaseException:
         lease.release()
         raise
+
+
+def requirements_field(requirements: Sequence[str], exc: Exception) -> str:
+    """The field a failure to build the environment of ``requirements`` is about:
+    ``spec.requirements[i]`` when it names one requirement (a wheel URL that could not be
+    downloaded: ``EnvironmentBuildError.requirement``, normalised), else
+    ``spec.requirements``."""
+    named = exc.requirement if isinstance(exc, EnvironmentBuildError) else None
+    if named is not None:
+        for index, requirement in enumerate(requirements):
+            with contextlib.suppress(ValueError):
+                if normalize_requirement(requirement) == named:
+                    return f"spec.requirements[{index}]"
+    return "spec.requirements"
 
 
 def _prepared(

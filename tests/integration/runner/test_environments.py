@@ -19,6 +19,8 @@ from typing import Any, Literal
 
 import pytest
 
+from tests.fixtures.git_servers import Listener
+from tests.fixtures.wheel_server import Answer, Wheels, wheel_servers
 from trainyard_platform.services.runner.environments import (
     MARKER,
     STORE,
@@ -29,8 +31,11 @@ from trainyard_platform.services.runner.environments import (
     RequirementsError,
     job_interpreter,
 )
+from trainyard_platform.services.runner.git_remote import PrivateAllowed
 
 pytestmark = pytest.mark.integration
+__all__ = ["wheel_servers"]  # the fixture, used by name
+LOOPBACK = PrivateAllowed.parse(["127.0.0.0/8"])
 
 REPO = Path(__file__).resolve().parents[3]
 BASE = sys.executable
@@ -568,3 +573,94 @@ def test_the_cache_keeps_its_size_while_the_runner_runs(tmp_path: Path) -> None:
     assert not cache.path(first.key).exists()
     assert cache.path(second.key).exists() and cache.path(in_use.env.key).exists()
     in_use.release()
+
+
+def _offline(installer: Literal["uv", "pip"]) -> dict[str, str]:
+    """Settings that keep the installer off any index: a wheel URL's file is all it has."""
+    return {"UV_NO_INDEX": "1", "UV_NO_CACHE": "1"} | {
+        "PIP_NO_INDEX": "1", "PIP_NO_CACHE_DIR": "1"
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("installer", ["uv", "pip"])
+def test_a_wheel_url_is_downloaded_by_the_runner_and_installed_from_its_file(
+    tmp_path: Path, wheel_servers: Wheels, installer: Literal["uv", "pip"]
+) -> None:
+    """The runner downloads a job's wheel URL itself (pinned to the address it judged, no
+    redirect) and the installer gets the file, with no index to fall back on."""
+    wheel = _wheel(tmp_path, "servedpkg", "")
+    server = wheel_servers.serve({f"/w/{wheel.name}": Answer(body=wheel.read_bytes())})
+    url = f"https://127.0.0.1:{server.port}/w/{wheel.name}"
+    cache = EnvironmentCache(
+        tmp_path / "envs", BASE, installer, installer_env=_offline(installer),
+        fetch_allowed=LOOPBACK,
+    )  # fmt: skip
+    env = cache.resolve([f"servedpkg @ {url}"])
+    assert "servedpkg==1.0" in env.packages
+    assert run_in(env, "import servedpkg; print(servedpkg.__name__)") == "servedpkg"
+    assert server.accepted == 1 and server.hosts == [f"127.0.0.1:{server.port}"]
+    marker = json.loads((cache.path(env.key) / MARKER).read_text())
+    assert list(marker["wheels"]) == [url]
+    assert not (cache.path(env.key) / ".trainyard-wheels").exists()
+    # The key is the URL's, as before: the same URL again is the cached environment.
+    assert cache.resolve([f"servedpkg @ {url}"]).cached and server.accepted == 1
+
+
+def test_a_redirect_of_a_wheel_url_is_not_followed(tmp_path: Path, wheel_servers: Wheels) -> None:
+    """A public server redirecting the installer to ``169.254.169.254`` or the node's own
+    services was followed: the redirect's target was never judged. Now the runner fetches,
+    and a 3xx fails the requirement as its own, the target never asked."""
+    with Listener() as elsewhere:
+        target = f"http://127.0.0.1:{elsewhere.port}/latest/meta-data/x-1.0-py3-none-any.whl"
+        server = wheel_servers.serve(
+            {"/x-1.0-py3-none-any.whl": Answer(302, headers={"Location": target})}
+        )
+        requirement = f"x @ https://127.0.0.1:{server.port}/x-1.0-py3-none-any.whl"
+        cache = EnvironmentCache(
+            tmp_path / "envs", BASE, "uv", installer_env=_offline("uv"), fetch_allowed=LOOPBACK
+        )
+        with pytest.raises(RequirementsError) as caught:
+            cache.resolve([requirement])
+        assert caught.value.requirement == requirement
+        assert "answered 302" in str(caught.value), str(caught.value)
+        assert "redirects are not followed" in str(caught.value)
+        assert server.accepted == 1
+        assert elsewhere.accepted == 0, "the redirect was followed"
+
+
+def test_a_wheel_over_the_bound_is_refused(tmp_path: Path, wheel_servers: Wheels) -> None:
+    body = b"x" * 4096
+    server = wheel_servers.serve(
+        {
+            "/big-1.0-py3-none-any.whl": Answer(body=body),
+            # No length announced: refused while reading.
+            "/quiet-1.0-py3-none-any.whl": Answer(body=body, headers={"Connection": "close"}),
+        }
+    )
+    cache = EnvironmentCache(
+        tmp_path / "envs", BASE, "uv", installer_env=_offline("uv"), fetch_allowed=LOOPBACK,
+        max_wheel_bytes=1000,
+    )  # fmt: skip
+    for name in ("big", "quiet"):
+        with pytest.raises(RequirementsError, match="larger than 1000 bytes"):
+            cache.resolve([f"{name} @ https://127.0.0.1:{server.port}/{name}-1.0-py3-none-any.whl"])
+    assert list((tmp_path / "envs" / STORE).iterdir()) == []
+
+
+def test_a_wheel_server_failing_is_the_platforms_fault(
+    tmp_path: Path, wheel_servers: Wheels
+) -> None:
+    """As an unreachable index: a 5xx or a connection refused is retried, never held
+    against the job or the node."""
+    server = wheel_servers.serve({"/x-1.0-py3-none-any.whl": Answer(503, b"busy")})
+    cache = EnvironmentCache(
+        tmp_path / "envs", BASE, "uv", installer_env=_offline("uv"), fetch_allowed=LOOPBACK
+    )
+    with Listener() as closed:
+        closed.close()
+        for port in (server.port, closed.port):
+            requirement = f"x @ https://127.0.0.1:{port}/x-1.0-py3-none-any.whl"
+            with pytest.raises(InstallError) as caught:
+                cache.resolve([requirement])
+            assert not isinstance(caught.value, RequirementsError), str(caught.value)
+            assert caught.value.requirement == requirement
