@@ -16,9 +16,9 @@ runner from old jobs and other producers than the API, so the runner does not tr
 the API checked: it asks again, and a requirement refused here fails the job as its own
 error.
 
-A wheel URL is also a request the node makes for the tenant: the installer fetches it in
-the host's network. ``wheel_host`` reads the host and port it names (refusing what the
-runner's judgement would read otherwise than the installers: whitespace, a character beyond
+A wheel URL is also a request the node makes for the tenant: the runner downloads it in
+the host's network (``services.runner.wheels``) and gives the installer the file. ``wheel_host`` reads the host and port it names (refusing what the
+runner's judgement would read otherwise than its download: whitespace, a character beyond
 ASCII, port 0), ``wheel_address_problem`` refuses a host written as an address that is not
 public (``shared.public_addresses``), which the submission API applies; a host name is left
 to the runner, which resolves and judges it before installing

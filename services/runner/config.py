@@ -112,8 +112,8 @@ class Settings(GuardedServiceSettings):
     """Networks (``10.1.0.0/16``, ``fd00::/8``, one address) and host names
     (``git.internal.example``, exactly that name) this node fetches what a job names from
     although they are not public: its git code (``code.repository``) and its wheel URLs
-    (``requirements``: ``name @ https://.../x.whl``). git and the installers run in the
-    host's network, so by default a repository or wheel URL whose host is or resolves to a
+    (``requirements``: ``name @ https://.../x.whl``, downloaded by the runner itself,
+    ``wheels``). git and the runner's downloads run in the host's network, so by default a repository or wheel URL whose host is or resolves to a
     loopback, private, link-local, CGNAT, unique-local or otherwise not globally routable
     address is refused as the job's input before anything is sent (``git_remote``): a
     tenant cannot make the node ask its internal services. Allow here a company's own git

@@ -49,10 +49,25 @@ name the base does not have is an ordinary package.
         .trainyard-size                                    bytes it takes on disk, measured
                                                            once, when its build finished
         .trainyard-ready                                   JSON, written last (the freeze)
+        .trainyard-wheels/                                 the job's wheel URLs' files,
+                                                           while they are installed
         .last-used                                         touched on every resolve
         .used-by/<sha256 of a team>                        one empty file per team whose
                                                            jobs used it, touched on each
                                                            of its resolves (0700)
+
+**Wheel URLs.** The installer never fetches a URL a job names: the runner downloads each
+wheel URL of the requirements into the environment being built (``WHEELS``) with
+``wheels.fetch_wheel`` (the address judged as a job's git code is, connected to exactly
+that one, no redirect, at most ``max_wheel_bytes``) and gives the installer the file
+(``name @ file:///...``); the folder is removed once they are installed. A download the
+requirement is at fault for raises :class:`RequirementsError`, one the network or server is
+(as an unreachable index) :class:`InstallError`, each naming the requirement
+(``EnvironmentBuildError.requirement``). The sha256 of each file is recorded in the marker
+(``wheels``, by URL); the key is the URL's, as for any requirement: a URL whose content
+changed later still gets the environment built from what it served first, since the key
+must be known before anything is downloaded (else every resolve would download every
+wheel); a URL's ``#sha256=`` fragment pins its content, and is part of the key.
 
 ``key`` is the sha256 of how environments are built (a recipe number), the normalised,
 sorted requirements, the base interpreter's

@@ -30,9 +30,9 @@ answered. So, before git runs (``fetch_plan``):
   that moved is named where it now is.
 
 The same judgement of a host (``judged_addresses``) and the same setting hold for a job's
-wheel URLs, which the installer fetches in the host's network too
-(``launch.check_requirements``); the installer cannot be held to the address judged, nor
-kept from following a redirect (docs/security.md, "Not covered").
+wheel URLs, which the runner downloads in the host's network too
+(``launch.check_requirements`` before the job's code, ``wheels.fetch_wheel`` when it
+downloads one, connected to the address judged and following no redirect).
 
 A refusal is the job's own input (the same on any node): ``JobInputError`` naming
 ``spec.code.repository`` and why. A host that does not resolve is retried as the platform's,

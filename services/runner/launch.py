@@ -299,9 +299,10 @@ def check_requirements(
     refuses (by ``normalize_requirement``: an installer option, a local path, a ``file:``
     URL, a URL that is no wheel's), and a wheel URL whose host is, or resolves to, an
     address that is neither public nor ``allowed`` (``git_remote.judged_addresses``, the
-    judgement of a job's git code: the installer fetches it in the host's network, so it
-    would ask the node's own services for the tenant, and its error text would come back in
-    the job's failure reason). A wheel host that does not resolve is the platform's
+    judgement of a job's git code: the runner downloads it in the host's network, so it
+    would ask the node's own services for the tenant, and the error would come back in
+    the job's failure reason; the download judges the address again, and connects to the
+    one it judged: ``wheels``). A wheel host that does not resolve is the platform's
     (``PlatformError``), as a repository's is. Checked before the job's code or checkpoint
     is downloaded, since a grant may come from an old job or another producer than the API,
     which refuses the rest and a URL written with an address that is not public."""

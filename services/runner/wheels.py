@@ -125,7 +125,7 @@ def fetch_wheel(
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         connection.request("GET", target, headers={"Accept-Encoding": "identity"})
         answer = connection.getresponse()
-        _judge_status(answer)
+        judge_status(answer)
         announced = answer.getheader("Content-Length")
         if announced is not None and announced.isdigit() and int(announced) > max_bytes:
             raise WheelRefused(_too_large(max_bytes))
@@ -173,7 +173,10 @@ class _PinnedHTTPS(http.client.HTTPSConnection):
             raise
 
 
-def _judge_status(answer: http.client.HTTPResponse) -> None:
+def judge_status(answer: http.client.HTTPResponse) -> None:
+    """Nothing for a 200; else the verdict on the answer (see the module docstring):
+    ``WheelRefused`` for a redirect (naming where to) or a 4xx but 408 and 429,
+    ``WheelUnreachable`` for the rest."""
     status = answer.status
     if status == 200:
         return

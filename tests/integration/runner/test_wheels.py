@@ -1,0 +1,61 @@
+"""The runner's download of a job's wheel URL against a real https server on loopback:
+connected to the address it judged, the certificate checked against the URL's host name."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.wheel_server import Answer, Wheels, wheel_servers
+from trainyard_platform.services.runner.git_remote import PrivateAllowed
+from trainyard_platform.services.runner.wheels import WheelRefused, WheelUnreachable, fetch_wheel
+
+pytestmark = pytest.mark.integration
+__all__ = ["wheel_servers"]  # the fixture, used by name
+LOOPBACK = PrivateAllowed.parse(["127.0.0.0/8"])
+NAME = "pkg-1.0-py3-none-any.whl"
+BODY = b"not really a zip, never installed here"
+
+
+def test_the_download_goes_to_the_address_judged_under_the_hosts_name(
+    tmp_path: Path, wheel_servers: Wheels
+) -> None:
+    """The host is resolved once (here by the test's resolver, as no DNS knows
+    ``wheels.test``), and that address is connected to: TLS checks the certificate against
+    the host name, and ``Host`` names it."""
+    server = wheel_servers.serve({f"/{NAME}": Answer(body=BODY)})
+    asked: list[str] = []
+
+    def resolver(host: str, port: int) -> list[str]:
+        asked.append(host)
+        return ["127.0.0.1"]
+
+    path, digest = fetch_wheel(
+        f"https://wheels.test:{server.port}/{NAME}", tmp_path, LOOPBACK, resolver=resolver
+    )
+    assert path == tmp_path / NAME and path.read_bytes() == BODY
+    assert digest == hashlib.sha256(BODY).hexdigest()
+    assert asked == ["wheels.test"]
+    assert server.hosts == [f"wheels.test:{server.port}"]
+
+    # A name the certificate does not hold, at the same address: refused by TLS.
+    path.unlink()
+    with pytest.raises(WheelUnreachable, match="certificate"):
+        fetch_wheel(
+            f"https://other.test:{server.port}/{NAME}", tmp_path, LOOPBACK,
+            resolver=resolver,
+        )  # fmt: skip
+
+
+def test_a_digest_the_url_names_must_match(tmp_path: Path, wheel_servers: Wheels) -> None:
+    server = wheel_servers.serve({f"/{NAME}": Answer(body=BODY)})
+    url = f"https://127.0.0.1:{server.port}/{NAME}"
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    with pytest.raises(WheelRefused, match="sha256"):
+        fetch_wheel(f"{url}#sha256={'0' * 64}", folder, LOOPBACK)
+    assert list(folder.iterdir()) == []
+    good = hashlib.sha256(BODY).hexdigest()
+    assert fetch_wheel(f"{url}#sha256={good}", folder, LOOPBACK)[1] == good
