@@ -17,6 +17,7 @@ import pytest
 
 from tests.fixtures.git_servers import Listener, git_daemon, git_error
 from tests.fixtures.json_log import json_lines
+from tests.fixtures.wheel_server import Answer, Wheels, wheel_servers
 from tests.integration.runner.conftest import (
     EventLog,
     StartRunner,
@@ -47,6 +48,7 @@ from trainyard_platform.shared.events.payloads import (
 )
 from trainyard_platform.shared.storage import open_store
 
+__all__ = ["wheel_servers"]  # the fixture, used by name
 pytestmark = pytest.mark.integration
 
 
@@ -652,6 +654,39 @@ async def test_a_wheel_url_on_an_address_that_is_not_public_is_never_asked(
         ), failed.reason
         assert server.accepted == 0, "the node asked an address the tenant named"
     assert not events.of(JobStarted, allocation.job_id)
+    assert launched(launches) == []
+
+
+async def test_a_wheel_url_that_redirects_fails_the_job_and_the_redirect_is_not_followed(
+    settings: Settings,
+    start_runner: StartRunner,
+    bus: Bus,
+    events: EventLog,
+    launches: Path,
+    wheel_servers: Wheels,
+) -> None:
+    """The installer followed a wheel URL's redirects, whose targets nobody judged: a public
+    server could send the node to ``169.254.169.254`` or its own services. The runner
+    downloads the wheel itself and follows none: the job fails as its own input, naming the
+    requirement, and the redirect's target is never asked."""
+    with Listener() as elsewhere:
+        wheel = "/x-1.0-py3-none-any.whl"
+        to = f"http://127.0.0.1:{elsewhere.port}/latest/meta-data{wheel}"
+        server = wheel_servers.serve({wheel: Answer(302, headers={"Location": to})})
+        requirement = f"x @ https://127.0.0.1:{server.port}{wheel}"
+        await start_runner(settings)
+        allocation = grant(settings.node_id, ["succeed", str(launches)])
+        spec = allocation.spec.model_copy(update={"requirements": ["tabulate", requirement]})
+        await publish(bus, allocation.model_copy(update={"spec": spec}), settings.node_id)
+        failed = await events.first(JobFailed, allocation.job_id, timeout=60)
+        assert failed.failure_kind == "user_error" and not failed.node_fault
+        assert failed.reason.startswith(
+            "spec.requirements[1]: could not build the job's environment: requirement "
+            f"{requirement!r}: the server answered 302 Found, a redirect (to {to!r}), and "
+            "redirects are not followed"
+        ), failed.reason
+        assert server.accepted == 1
+        assert elsewhere.accepted == 0, "the redirect was followed"
     assert launched(launches) == []
 
 
