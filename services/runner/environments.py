@@ -751,7 +751,7 @@ class EnvironmentCache:
 
         installable: list[str] = []
         digests: dict[str, str] = {}
-        for text in requirements:
+        for index, text in enumerate(requirements):
             if "@" not in text:
                 installable.append(text)
                 continue
@@ -761,12 +761,14 @@ class EnvironmentCache:
                 continue
             if requirement.marker is not None and not requirement.marker.evaluate():
                 continue
-            folder.mkdir(exist_ok=True)
+            # A folder each: two URLs may end in the same file name.
+            own = folder / str(index)
+            own.mkdir(parents=True)
             shown = without_credentials(text)
             try:
                 path, digests[requirement.url] = fetch_wheel(
                     requirement.url,
-                    folder,
+                    own,
                     self.fetch_allowed,
                     max_bytes=self.max_wheel_bytes,
                     deadline=self.timeout,

@@ -63,6 +63,8 @@ TIMEOUT_S: Final = 60.0
 """Seconds each connect, send and read of a download may take."""
 _CHUNK = 1024 * 1024
 _FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+!-]*\.whl")
+_SHOWN = 300
+"""Characters of a redirect's ``Location`` a refusal quotes."""
 _TEMPORARY = frozenset({408, 429})
 """4xx answers that say "try again later": the platform's, as a 5xx."""
 
@@ -181,7 +183,7 @@ def judge_status(answer: http.client.HTTPResponse) -> None:
     if status == 200:
         return
     if 300 <= status < 400:
-        where = answer.getheader("Location") or "nowhere"
+        where = (answer.getheader("Location") or "nowhere")[:_SHOWN]
         raise WheelRefused(
             f"the server answered {status} {answer.reason}, a redirect (to {where!r}), and "
             "redirects are not followed: name the wheel's URL where it is"

@@ -634,7 +634,7 @@ def test_a_wheel_over_the_bound_is_refused(tmp_path: Path, wheel_servers: Wheels
         {
             "/big-1.0-py3-none-any.whl": Answer(body=body),
             # No length announced: refused while reading.
-            "/quiet-1.0-py3-none-any.whl": Answer(body=body, headers={"Connection": "close"}),
+            "/quiet-1.0-py3-none-any.whl": Answer(body=body, length=False),
         }
     )
     cache = EnvironmentCache(
