@@ -634,7 +634,7 @@ async def test_a_repository_on_an_address_that_is_not_public_is_never_asked(
 async def test_a_wheel_url_on_an_address_that_is_not_public_is_never_asked(
     settings: Settings, start_runner: StartRunner, bus: Bus, events: EventLog, launches: Path
 ) -> None:
-    """The installer fetches a job's wheel URL in the host's network, as git its code: a
+    """The runner fetches a job's wheel URL in the host's network, as git its code: a
     wheel on loopback (NATS, the object store, any service of the node) was asked, and the
     installer's error text came back in the job's failure reason (SSRF). Refused as the
     job's input before anything is sent, unless the operator allows the network

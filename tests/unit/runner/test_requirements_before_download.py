@@ -81,7 +81,7 @@ def answers(*addresses: str) -> Resolver:
     return lambda host, port: list(addresses)
 
 
-# The installer fetches a wheel URL in the host's network: a tenant could make the node ask
+# The runner fetches a wheel URL in the host's network: a tenant could make the node ask
 # its own services (the cloud's metadata, the object store, anything on loopback), and the
 # installer's error text came back in the job's failure reason.
 @pytest.mark.parametrize(
