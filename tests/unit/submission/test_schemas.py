@@ -571,7 +571,7 @@ def test_a_wheel_url_with_credentials_is_refused(requirement: str) -> None:
 def test_a_wheel_url_written_as_an_address_that_is_not_public_is_refused(
     requirement: str, named: str | None
 ) -> None:
-    """The runner fetches a wheel in the runner's host's network, as git a repository:
+    """The runner fetches a wheel in its host's network, as git a repository:
     an address that is not public could only reach the node's own services. A host name is
     left to the runner, which resolves it in its own network before installing."""
     if named is None:
