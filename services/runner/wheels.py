@@ -107,8 +107,9 @@ def fetch_wheel(
     resolver: Resolver | None = None,
 ) -> tuple[Path, str]:
     """Download the wheel at ``url`` (https, ``shared.requirements`` passed it) into
-    ``folder`` as the module docstring says; the file's path and its sha256 (hex). ``WheelRefused`` or
-    ``WheelUnreachable`` when it cannot (see the module docstring)."""
+    ``folder`` (one of its own: the file is created, never replaced) as the module docstring
+    says; the file's path and its sha256 (hex). ``WheelRefused`` or ``WheelUnreachable``
+    when it cannot (see the module docstring); an ``OSError`` of a full disk as it is."""
     parts = urlsplit(url)
     if parts.scheme.lower() != "https" or not parts.hostname:
         raise WheelRefused("a URL must be an https:// one naming a host")
@@ -147,8 +148,8 @@ def fetch_wheel(
         raise
     except (OSError, http.client.HTTPException) as exc:  # timeouts, resets, TLS, bad HTTP
         path.unlink(missing_ok=True)
-        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):  # the disk's
-            raise
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise  # the node's disk: the cache makes room and builds again (``out_of_space``)
         raise WheelUnreachable(f"downloading from {host}: {_said(exc)}") from None
     finally:
         connection.close()
