@@ -60,7 +60,9 @@ name the base does not have is an ordinary package.
 wheel URL of the requirements into the environment being built (``WHEELS``) with
 ``wheels.fetch_wheel`` (the address judged as a job's git code is, connected to exactly
 that one, no redirect, at most ``max_wheel_bytes``) and gives the installer the file
-(``name @ file:///...``); the folder is removed once they are installed. A download the
+(``name @ file:///...``); the folder is removed once they are installed. A wheel whose
+metadata names a dependency by URL is refused (``wheels.refuse_direct_references``): the
+installer would fetch that URL itself, unjudged. A download the
 requirement is at fault for raises :class:`RequirementsError`, one the network or server is
 (as an unreachable index) :class:`InstallError`, each naming the requirement
 (``EnvironmentBuildError.requirement``). The sha256 of each file is recorded in the marker
@@ -164,6 +166,7 @@ from trainyard_platform.services.runner.wheels import (
     WheelRefused,
     WheelUnreachable,
     fetch_wheel,
+    refuse_direct_references,
 )
 from trainyard_platform.shared.requirements import (
     WHEEL_URL,
@@ -773,6 +776,7 @@ class EnvironmentCache:
                     max_bytes=self.max_wheel_bytes,
                     deadline=self.timeout,
                 )
+                refuse_direct_references(path)
             except WheelRefused as exc:
                 raise RequirementsError(f"requirement {shown!r}: {exc}", text) from None
             except WheelUnreachable as exc:

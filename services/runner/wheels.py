@@ -18,15 +18,23 @@ touching the network for it:
 * No redirect is followed: a 3xx refuses the requirement, saying so (name the wheel where
   it now is).
 * At most ``MAX_WHEEL_BYTES`` (the bound of an unpacked code bundle), announced or read;
-  every socket operation within ``timeout`` seconds, the whole download within
-  ``deadline``.
+  every socket operation within ``timeout`` seconds, the whole download (connecting, TLS,
+  the answer's headers and body) within ``deadline``: each read waits only for what is
+  left of it, so a server sending a byte now and then cannot hold the build.
 * The file keeps the wheel's file name, the URL's last path segment (``%``-escapes
-  decoded), which must be a valid wheel file name (``wheel_file_name``); a ``#sha256=``
-  fragment, when the URL has one, must match what was downloaded.
+  decoded), which must be a valid wheel file name of at most ``MAX_NAME`` characters
+  (``wheel_file_name``); a ``#sha256=`` fragment, when the URL has one, must match what
+  was downloaded.
+* The installer fetches what a wheel it installs names in its ``Requires-Dist`` by URL
+  (``dep @ http://169.254.169.254/...``, ``git+https://...``) itself, unjudged, uv and pip
+  alike, from a wheel given as a file too. So a downloaded wheel whose metadata names a
+  dependency by anything but its name, versions and marker is refused
+  (``refuse_direct_references``): its dependencies come from the index, by name.
 
 Whose fault a failure is: ``WheelRefused`` (the requirement's, the same on any node: the
 address is refused, a redirect, a 4xx answer other than 408 and 429, a body over the
-bound, a file name that is no wheel's, a digest that does not match) and
+bound, a file name that is no wheel's, a digest that does not match, a dependency named
+by URL) and
 ``WheelUnreachable`` (the platform's, as an unreachable package index is: the host does
 not resolve, the connection fails, is reset or runs out of time, TLS fails, a 5xx, 408 or
 429 answer, a body cut short).
@@ -37,12 +45,15 @@ from __future__ import annotations
 import errno
 import hashlib
 import http.client
+import io
 import re
 import socket
 import ssl
 import time
+import zipfile
+import zlib
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 from urllib.parse import unquote, urlsplit
 
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
@@ -63,8 +74,23 @@ TIMEOUT_S: Final = 60.0
 """Seconds each connect, send and read of a download may take."""
 _CHUNK = 1024 * 1024
 _FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+!-]*\.whl")
+MAX_NAME: Final = 200
+"""Characters a wheel's file name may have: a file system takes 255 at most, and the
+runner's own error for a longer one would name its folders."""
 _SHOWN = 300
 """Characters of a redirect's ``Location`` a refusal quotes."""
+_METADATA = re.compile(r"/?(?:\./)?[^/]*\.dist-info/METADATA", re.IGNORECASE)
+_MAX_METADATA = 16 * 1024 * 1024
+_REQUIRES_DIST = re.compile(
+    # At a line's start as any parser splits lines (``str.splitlines``, Python's email
+    # parser's, or ``\n`` alone); the value running on over folded lines.
+    r"(?:^|(?<=[\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]))"
+    r"requires-dist[ \t]*:(?P<value>(?:[^\n]|\n(?=[ \t]))*)",
+    re.IGNORECASE,
+)
+_PLAIN_REQUIREMENT = re.compile(r"[A-Za-z0-9 \t\r\n._\-\[\],;<>=!~()'\"*+]*")
+"""What a ``Requires-Dist`` of a name, extras, versions and marker is written with: no
+``@``, ``:``, ``/``, ``%``, ``?`` (a URL, a path, an encoded word)."""
 _TEMPORARY = frozenset({408, 429})
 """4xx answers that say "try again later": the platform's, as a 5xx."""
 
@@ -84,6 +110,11 @@ def wheel_file_name(url: str) -> str:
     it is a valid wheel file name (``name-version[-build]-python-abi-platform.whl``, of
     letters, digits and ``._+!-`` alone); else ``WheelRefused`` saying why."""
     segment = unquote(urlsplit(url).path.rsplit("/", 1)[-1])
+    if len(segment) > MAX_NAME:
+        raise WheelRefused(
+            f"the URL's last path segment, the wheel's file name, has {len(segment)} "
+            f"characters, over the {MAX_NAME} a file name may have here"
+        )
     if not _FILE_NAME.fullmatch(segment):
         raise WheelRefused(
             f"the URL's last path segment {segment!r} is not a wheel's file name "
@@ -122,8 +153,8 @@ def fetch_wheel(
     except HostUnresolved as exc:
         raise WheelUnreachable(f"resolving {host}: {exc}") from None
     path = folder / name
-    started = time.monotonic()
-    connection = _PinnedHTTPS(host.rstrip("."), port, addresses[0], timeout)
+    connection = _PinnedHTTPS(host.rstrip("."), port, addresses[0], _Deadline(timeout, deadline))
+    answer: http.client.HTTPResponse | None = None
     try:
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         connection.request("GET", target, headers={"Accept-Encoding": "identity"})
@@ -139,8 +170,6 @@ def fetch_wheel(
                 size += len(chunk)
                 if size > max_bytes:
                     raise WheelRefused(_too_large(max_bytes))
-                if time.monotonic() - started > deadline:
-                    raise WheelUnreachable(f"the download took over {deadline:.0f} s")
                 digest.update(chunk)
                 out.write(chunk)
     except (WheelRefused, WheelUnreachable):
@@ -152,28 +181,170 @@ def fetch_wheel(
             raise  # the node's disk: the cache makes room and builds again (``out_of_space``)
         raise WheelUnreachable(f"downloading from {host}: {_said(exc)}") from None
     finally:
+        if answer is not None:
+            answer.close()
         connection.close()
     _check_digest(parts.fragment, digest.hexdigest(), path)
     return path, digest.hexdigest()
 
 
+def refuse_direct_references(wheel: Path) -> None:
+    """Nothing when every ``Requires-Dist`` of the wheel at ``wheel`` names a dependency by
+    its name, extras, versions and marker alone; else ``WheelRefused``: one naming a URL or
+    a path (``dep @ https://...``), which the installer would fetch itself, unjudged.
+
+    Read so that no reading of the installers' sees a field this one does not: every
+    ``*.dist-info/METADATA`` of the archive (there is to be one), each line that starts with
+    ``Requires-Dist:`` (any case; a line as any of the installers' parsers splits them,
+    header or body), its value running on to a ``\n`` followed by no space or tab; and a value may hold only the characters of a plain requirement, so
+    no URL, path, ``@`` or RFC 2047 encoded word (``=?utf-8?q?...?=``, which uv decodes).
+    An archive with two entries of one name, or no METADATA, is refused too."""
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            entries = archive.infolist()
+            names = [e.filename for e in entries]
+            if len(set(names)) != len(names):
+                raise WheelRefused("the wheel (a zip archive) holds two entries of one name")
+            metadata = [e for e in entries if _METADATA.fullmatch(e.filename.replace("\\", "/"))]
+            if not metadata:
+                raise WheelRefused("the wheel holds no .dist-info/METADATA")
+            for entry in metadata:
+                if entry.file_size > _MAX_METADATA:
+                    raise WheelRefused(
+                        f"the wheel's {entry.filename} is over {_MAX_METADATA} bytes"
+                    )
+                with archive.open(entry) as file:
+                    data = file.read(_MAX_METADATA + 1)
+                if len(data) > _MAX_METADATA:  # the size an entry announces may lie
+                    raise WheelRefused(
+                        f"the wheel's {entry.filename} is over {_MAX_METADATA} bytes"
+                    )
+                text = data.decode("utf-8", "replace")
+                for field in _REQUIRES_DIST.finditer(text):
+                    if not _PLAIN_REQUIREMENT.fullmatch(field["value"]):
+                        raise WheelRefused(
+                            f"the wheel's {entry.filename} has a Requires-Dist that is not a "
+                            "package's name, extras, versions and marker alone (a direct "
+                            "reference, dep @ URL, which the installer would fetch itself): "
+                            "a wheel names its dependencies by name, and a URL is a requirement of its own"
+                        )
+    except (
+        zipfile.BadZipFile,
+        zipfile.LargeZipFile,
+        zlib.error,
+        EOFError,
+        NotImplementedError,
+        RuntimeError,
+    ) as exc:  # corrupt, compressed or encrypted as no installer reads
+        raise WheelRefused(f"the wheel is not a zip archive that can be read: {exc}") from None
+
+
+class _Deadline:
+    """Each socket operation's time: ``timeout`` seconds, or what is left of ``deadline``
+    seconds from now when that is less; ``TimeoutError`` once the deadline has passed."""
+
+    def __init__(self, timeout: float, deadline: float) -> None:
+        self.timeout = timeout
+        self.deadline = deadline
+        self._end = time.monotonic() + deadline
+
+    def left(self) -> float:
+        left = self._end - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"the download took over {self.deadline:.0f} s")
+        return min(self.timeout, left)
+
+    def check(self, exc: TimeoutError) -> TimeoutError:
+        """``exc`` (a socket's timeout), or the deadline's when that is what ran out."""
+        return (
+            TimeoutError(f"the download took over {self.deadline:.0f} s")
+            if (time.monotonic() >= self._end)
+            else exc
+        )
+
+
+class _BoundedSocket:
+    """A connected socket as ``http.client`` uses it (``sendall``, ``makefile("rb")``,
+    ``close``), each send and receive given what ``deadline`` leaves of its time: a
+    buffered read of a megabyte is many receives, each of which a socket's own timeout
+    would bound alone. Closed once it and the readers it made are (``http.client`` closes
+    the connection and reads on from the answer's reader, as a socket's ``makefile``
+    allows)."""
+
+    def __init__(self, sock: socket.socket, deadline: _Deadline) -> None:
+        self.sock = sock
+        self.deadline = deadline
+        self._readers = 0
+        self._closed = False
+
+    def sendall(self, data: bytes) -> None:
+        self.sock.settimeout(self.deadline.left())
+        try:
+            self.sock.sendall(data)
+        except TimeoutError as exc:
+            raise self.deadline.check(exc) from None
+
+    def makefile(self, mode: str) -> io.BufferedReader:
+        self._readers += 1
+        return io.BufferedReader(_BoundedReader(self))
+
+    def close(self) -> None:
+        self._closed = True
+        self.reader_closed(0)
+
+    def reader_closed(self, count: int = 1) -> None:
+        self._readers -= count
+        if self._closed and self._readers <= 0:
+            self.sock.close()
+
+
+class _BoundedReader(io.RawIOBase):
+    def __init__(self, owner: _BoundedSocket) -> None:
+        self._owner = owner
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        self._owner.sock.settimeout(self._owner.deadline.left())
+        try:
+            return self._owner.sock.recv_into(buffer)
+        except TimeoutError as exc:
+            raise self._owner.deadline.check(exc) from None
+
+    def close(self) -> None:
+        if not self.closed:
+            self._owner.reader_closed()
+        super().close()
+
+
 class _PinnedHTTPS(http.client.HTTPSConnection):
     """An https connection to ``host`` that connects to ``address`` alone: SNI, the
     certificate's check and ``Host`` are the host name's (an address's when the URL names
-    one), and no proxy is used. ``http.client`` follows no redirect."""
+    one), and no proxy is used; every socket operation within ``deadline``'s time.
+    ``http.client`` follows no redirect."""
 
-    def __init__(self, host: str, port: int, address: IPAddress, timeout: float) -> None:
+    def __init__(self, host: str, port: int, address: IPAddress, deadline: _Deadline) -> None:
         self._tls = ssl.create_default_context()
-        super().__init__(host, port, timeout=timeout, context=self._tls)
+        super().__init__(host, port, timeout=deadline.timeout, context=self._tls)
         self._address = address
+        self._deadline = deadline
 
     def connect(self) -> None:
-        raw = socket.create_connection((str(self._address), self.port), self.timeout)
         try:
-            self.sock = self._tls.wrap_socket(raw, server_hostname=self.host)
+            raw = socket.create_connection((str(self._address), self.port), self._deadline.left())
+        except TimeoutError as exc:
+            raise self._deadline.check(exc) from None
+        try:
+            raw.settimeout(self._deadline.left())  # the handshake, all of it
+            tls = self._tls.wrap_socket(raw, server_hostname=self.host)
+        except TimeoutError as exc:
+            raw.close()
+            raise self._deadline.check(exc) from None
         except BaseException:
             raw.close()
             raise
+        self.sock = _BoundedSocket(tls, self._deadline)
 
 
 def judge_status(answer: http.client.HTTPResponse) -> None:

@@ -664,3 +664,30 @@ def test_a_wheel_server_failing_is_the_platforms_fault(
                 cache.resolve([requirement])
             assert not isinstance(caught.value, RequirementsError), str(caught.value)
             assert caught.value.requirement == requirement
+
+
+@pytest.mark.parametrize(
+    ("installer", "scheme"),
+    [("uv", "https"), ("uv", "http"), ("uv", "git+https"), ("pip", "https"), ("pip", "http")],
+)
+def test_a_wheel_url_whose_wheel_depends_on_a_url_is_refused_before_installing(
+    tmp_path: Path, wheel_servers: Wheels, installer: Literal["uv", "pip"], scheme: str
+) -> None:
+    """The installers fetch a direct reference in the ``Requires-Dist`` of a wheel they
+    install from a file themselves, unjudged (the SSRF the runner's download closed, one
+    step on): a wheel URL's wheel that names one is refused, the URL never asked."""
+    with Listener() as elsewhere:
+        target = f"{scheme}://127.0.0.1:{elsewhere.port}/latest/dep-1.0-py3-none-any.whl"
+        wheel = _wheel(tmp_path, "leaning", "", requires=(f"dep @ {target}",))
+        server = wheel_servers.serve({f"/{wheel.name}": Answer(body=wheel.read_bytes())})
+        requirement = f"leaning @ https://127.0.0.1:{server.port}/{wheel.name}"
+        cache = EnvironmentCache(
+            tmp_path / "envs", BASE, installer, installer_env=_offline(installer),
+            fetch_allowed=LOOPBACK,
+        )  # fmt: skip
+        with pytest.raises(RequirementsError) as caught:
+            cache.resolve([requirement])
+        assert elsewhere.accepted == 0, "the installer fetched the dependency's URL"
+        assert caught.value.requirement == requirement
+        assert "direct reference" in str(caught.value), str(caught.value)
+        assert str(elsewhere.port) not in str(caught.value)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.wheel_server import Answer, Wheels, wheel_servers
+from tests.fixtures.wheel_server import Answer, Wheels, head, wheel_servers
 from trainyard_platform.services.runner.git_remote import PrivateAllowed
 from trainyard_platform.services.runner.wheels import WheelRefused, WheelUnreachable, fetch_wheel
 
@@ -59,3 +59,27 @@ def test_a_digest_the_url_names_must_match(tmp_path: Path, wheel_servers: Wheels
     assert list(folder.iterdir()) == []
     good = hashlib.sha256(BODY).hexdigest()
     assert fetch_wheel(f"{url}#sha256={good}", folder, LOOPBACK)[1] == good
+
+
+@pytest.mark.parametrize("where", ["headers", "body"])
+def test_a_server_sending_a_byte_now_and_then_is_left_at_the_deadline(
+    tmp_path: Path, wheel_servers: Wheels, where: str
+) -> None:
+    """Each read waits at most ``timeout`` seconds, and a byte comes long before that: the
+    whole download is bounded by ``deadline``, not by how slowly the server can answer
+    (the answer here would take half a minute; the runner hangs up after a second)."""
+    answer = Answer(body=b"x" * 500, dribble=0.05)
+    if where == "body":
+        answer = Answer(body=answer.body, dribble=0.05, prompt=len(head(answer)) + 10)
+    server = wheel_servers.serve({f"/{NAME}": answer})
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    with pytest.raises(WheelUnreachable, match="the download took over 1 s"):
+        fetch_wheel(
+            f"https://127.0.0.1:{server.port}/{NAME}", folder, LOOPBACK,
+            timeout=30, deadline=1,
+        )  # fmt: skip
+    assert list(folder.iterdir()) == []
+    server.close()  # its handler stops, if it has not seen the runner go
+    [(sent, whole)] = server.dribbled
+    assert sent < whole, "the runner waited for the whole answer"

@@ -3,6 +3,8 @@ name it saves it as, the address it may connect to, and whose fault each answer 
 
 from __future__ import annotations
 
+import warnings
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -17,6 +19,7 @@ from trainyard_platform.services.runner.wheels import (
     WheelUnreachable,
     fetch_wheel,
     judge_status,
+    refuse_direct_references,
     wheel_file_name,
 )
 
@@ -45,6 +48,8 @@ def test_a_wheels_file_name_is_the_urls_last_segment(url: str, name: str) -> Non
         "https://h/.pkg-1.0-py3-none-any.whl",
         "https://h/pkg%20x-1.0-py3-none-any.whl",
         "https://h/pkg-not!a!version-py3-none-any.whl",
+        # Longer than a file system takes: the runner's own error would name its folders.
+        f"https://h/{'a' * 250}-1.0-py3-none-any.whl",
     ],
 )
 def test_a_name_that_is_no_wheels_is_refused(url: str) -> None:
@@ -115,3 +120,103 @@ def test_a_failed_download_names_its_requirements_field() -> None:
     assert requirements_field(requirements, named) == "spec.requirements[1]"
     assert requirements_field(requirements, RequirementsError("...")) == "spec.requirements"
     assert requirements_field(requirements, ValueError("...")) == "spec.requirements"
+
+
+def _archive(folder: Path, entries: list[tuple[str, bytes]]) -> Path:
+    wheel = folder / "pkg-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as archive, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "Duplicate name": wanted, where it is
+        for name, data in entries:
+            archive.writestr(name, data)
+    return wheel
+
+
+def _metadata(requires: str) -> bytes:
+    return f"Metadata-Version: 2.1\nName: pkg\nVersion: 1.0\n{requires}\nBody\n".encode(
+        errors="surrogateescape"
+    )
+
+
+@pytest.mark.parametrize(
+    "requires",
+    [
+        "",
+        "Requires-Dist: six",
+        "Requires-Dist: six (>=1.16,<2)",
+        "Requires-Dist: Six[a,b] >=1.16, !=1.17.*; python_version >= '3.8' and extra == 'x'",
+        'Requires-Dist: tabulate ; sys_platform == "linux" or platform_machine == "x86_64"',
+        "Requires-Dist: six\r\nRequires-Dist: tabulate\r\n",
+        "Author-email: someone@example.com\nProject-URL: home, https://example.com",
+        # Not at a line's start: no field of any parser.
+        "Description: how the requires-dist: field names https://example.com/x.whl",
+    ],
+)
+def test_a_wheel_whose_dependencies_are_named_plainly_is_taken(
+    tmp_path: Path, requires: str
+) -> None:
+    wheel = _archive(tmp_path, [("pkg-1.0.dist-info/METADATA", _metadata(requires))])
+    refuse_direct_references(wheel)
+
+
+@pytest.mark.parametrize(
+    "requires",
+    [
+        "Requires-Dist: dep @ https://169.254.169.254/dep-1.0-py3-none-any.whl",
+        "Requires-Dist: dep@http://127.0.0.1:5432/",
+        "requires-dist: dep @ git+https://10.0.0.1/x.git",
+        "REQUIRES-DIST : dep @ file:///etc/passwd",
+        # Folded: a line that starts with a space goes on with the one before.
+        "Requires-Dist: dep\n @ https://169.254.169.254/x.whl",
+        "Requires-Dist: dep\r\n\t@ https://169.254.169.254/x.whl",
+        # A line break as one installer's parser splits lines and another does not.
+        "Requires-Dist: dep\r@ https://169.254.169.254/x.whl",
+        "Summary: x\x0cRequires-Dist: dep @ https://169.254.169.254/x.whl",
+        "Summary: x\u2028Requires-Dist: dep @ https://169.254.169.254/x.whl",
+        # An RFC 2047 encoded word, which uv's mail parser decodes ("dep @ https://...").
+        "Requires-Dist: =?utf-8?q?dep_=40_https=3A//169.254.169.254/x.whl?=",
+        "Requires-Dist: =?utf-8?b?ZGVwIEAgaHR0cHM6Ly8xNjkuMjU0LjE2OS4yNTQveC53aGw=?=",
+        # Not UTF-8 where a value is.
+        "Requires-Dist: dep \udcff",
+    ],
+)
+def test_a_wheel_naming_a_dependency_by_url_is_refused(tmp_path: Path, requires: str) -> None:
+    """uv and pip fetch a dependency's URL themselves, from a wheel installed from a file
+    too, where the runner judges nothing: a wheel naming one, however its metadata is
+    written, is refused before the installer sees it."""
+    wheel = _archive(tmp_path, [("pkg-1.0.dist-info/METADATA", _metadata(requires))])
+    with pytest.raises(WheelRefused, match="direct reference"):
+        refuse_direct_references(wheel)
+
+
+@pytest.mark.parametrize(
+    "entries",
+    [
+        # Every dist-info's METADATA is read, whichever an installer takes.
+        [("pkg-1.0.dist-info/METADATA", _metadata("")),
+         ("other-1.0.dist-info/METADATA", _metadata("Requires-Dist: d @ https://h/d.whl"))],
+        [("pkg-1.0.dist-info/METADATA", _metadata("")),
+         ("./pkg-1.0.dist-info/metadata", _metadata("Requires-Dist: d @ https://h/d.whl"))],
+        [("pkg-1.0.dist-info\\METADATA", _metadata("Requires-Dist: d @ https://h/d.whl"))],
+    ],
+)  # fmt: skip
+def test_every_metadata_of_the_wheel_is_read(
+    tmp_path: Path, entries: list[tuple[str, bytes]]
+) -> None:
+    with pytest.raises(WheelRefused, match="direct reference"):
+        refuse_direct_references(_archive(tmp_path, entries))
+
+
+def test_an_archive_an_installer_may_read_otherwise_is_refused(tmp_path: Path) -> None:
+    """Two entries of one name (which one is read is the zip reader's choice), no
+    METADATA, no zip at all."""
+    twice = [
+        ("pkg-1.0.dist-info/METADATA", _metadata("Requires-Dist: d @ https://h/d.whl")),
+        ("pkg-1.0.dist-info/METADATA", _metadata("")),
+    ]
+    with pytest.raises(WheelRefused, match="two entries of one name"):
+        refuse_direct_references(_archive(tmp_path, twice))
+    with pytest.raises(WheelRefused, match=r"no \.dist-info/METADATA"):
+        refuse_direct_references(_archive(tmp_path, [("pkg/__init__.py", b"")]))
+    (tmp_path / "not.whl").write_bytes(b"not a zip")
+    with pytest.raises(WheelRefused, match="not a zip archive"):
+        refuse_direct_references(tmp_path / "not.whl")
