@@ -59,7 +59,8 @@ name the base does not have is an ordinary package.
 **Wheel URLs.** The installer never fetches a URL a job names: the runner downloads each
 wheel URL of the requirements into the environment being built (``WHEELS``) with
 ``wheels.fetch_wheel`` (the address judged as a job's git code is, connected to exactly
-that one, no redirect, at most ``max_wheel_bytes``) and gives the installer the file
+that one, no redirect, at most ``max_wheel_bytes`` and ``timeout`` seconds for all the
+wheels of the environment together) and gives the installer the file
 (``name @ file:///...``); the folder is removed once they are installed. A wheel whose
 metadata names a dependency by URL is refused (``wheels.refuse_direct_references``): the
 installer would fetch that URL itself, unjudged. A download the
@@ -164,6 +165,7 @@ from trainyard_platform.services.runner.git_remote import PUBLIC_ONLY, PrivateAl
 from trainyard_platform.services.runner.wheels import (
     MAX_WHEEL_BYTES,
     WheelRefused,
+    WheelTooLarge,
     WheelUnreachable,
     fetch_wheel,
     refuse_direct_references,
@@ -419,7 +421,7 @@ class EnvironmentCache:
     and bytes on disk (None: no such bound), so a stream of jobs with new requirement sets
     cannot fill the disk between restarts. ``fetch_allowed``: what the job's wheel URLs may
     name although it is not public (``Settings.fetch_allow_private``), ``max_wheel_bytes``
-    the largest wheel downloaded from one (``wheels``).
+    the most bytes downloaded from them for one environment, all together (``wheels``).
     """
 
     def __init__(
@@ -744,7 +746,8 @@ class EnvironmentCache:
     ) -> tuple[list[str], dict[str, str]]:
         """``requirements`` with each wheel URL downloaded into ``folder``
         (``wheels.fetch_wheel``: the address judged as a job's git code is, no redirect, at
-        most ``max_wheel_bytes``) and named by its file instead, so the installer never
+        most ``max_wheel_bytes`` and ``timeout`` seconds for all of them together) and
+        named by its file instead, so the installer never
         fetches a URL a job names; and the sha256 of each file, by its URL. One whose
         marker does not hold here is left out (nothing to install). A wheel that cannot be
         downloaded raises :class:`RequirementsError` when the requirement is at fault,
@@ -754,6 +757,10 @@ class EnvironmentCache:
 
         installable: list[str] = []
         digests: dict[str, str] = {}
+        # One bound for them all: a hundred requirements of 4 GiB each would fill the disk
+        # (and then flush the cache: ``_build_making_room``), each slow one take its time.
+        bytes_left = self.max_wheel_bytes
+        end = time.monotonic() + self.timeout
         for index, text in enumerate(requirements):
             if "@" not in text:
                 installable.append(text)
@@ -768,21 +775,39 @@ class EnvironmentCache:
             own = folder / str(index)
             own.mkdir(parents=True)
             shown = without_credentials(text)
+            left = end - time.monotonic()
+            if left <= 0:
+                raise InstallError(
+                    f"requirement {shown!r}: could not download the wheel: the requirements' "
+                    f"wheels took over the {self.timeout:.0f} s they may take together",
+                    text,
+                )
             try:
                 path, digests[requirement.url] = fetch_wheel(
                     requirement.url,
                     own,
                     self.fetch_allowed,
-                    max_bytes=self.max_wheel_bytes,
-                    deadline=self.timeout,
+                    max_bytes=bytes_left,
+                    deadline=left,
                 )
                 refuse_direct_references(path)
+            except WheelTooLarge as exc:
+                said = (
+                    str(exc)
+                    if bytes_left == self.max_wheel_bytes
+                    else (
+                        f"the requirements' wheels are larger than {self.max_wheel_bytes} bytes "
+                        "together, the most this node downloads for one environment"
+                    )
+                )
+                raise RequirementsError(f"requirement {shown!r}: {said}", text) from None
             except WheelRefused as exc:
                 raise RequirementsError(f"requirement {shown!r}: {exc}", text) from None
             except WheelUnreachable as exc:
                 raise InstallError(
                     f"requirement {shown!r}: could not download the wheel: {exc}", text
                 ) from None
+            bytes_left -= path.stat().st_size
             extras = f"[{','.join(sorted(requirement.extras))}]" if requirement.extras else ""
             installable.append(f"{requirement.name}{extras} @ {path.as_uri()}")
         return installable, digests

@@ -17,10 +17,11 @@ touching the network for it:
   No proxy: the node connects to the address judged, or to nothing.
 * No redirect is followed: a 3xx refuses the requirement, saying so (name the wheel where
   it now is).
-* At most ``MAX_WHEEL_BYTES`` (the bound of an unpacked code bundle), announced or read;
-  every socket operation within ``timeout`` seconds, the whole download (connecting, TLS,
-  the answer's headers and body) within ``deadline``: each read waits only for what is
-  left of it, so a server sending a byte now and then cannot hold the build.
+* At most ``max_bytes``, announced or read (``MAX_WHEEL_BYTES``, the bound of an unpacked
+  code bundle, for all the wheels of an environment together: ``environments``); every
+  socket operation within ``timeout`` seconds, the whole download (connecting, TLS, the
+  answer's headers and body) within ``deadline``: each read waits only for what is left of
+  it, so a server sending a byte now and then cannot hold the build.
 * The file keeps the wheel's file name, the URL's last path segment (``%``-escapes
   decoded), which must be a valid wheel file name of at most ``MAX_NAME`` characters
   (``wheel_file_name``); a ``#sha256=`` fragment, when the URL has one, must match what
@@ -33,9 +34,8 @@ touching the network for it:
 
 Whose fault a failure is: ``WheelRefused`` (the requirement's, the same on any node: the
 address is refused, a redirect, a 4xx answer other than 408 and 429, a body over the
-bound, a file name that is no wheel's, a digest that does not match, a dependency named
-by URL) and
-``WheelUnreachable`` (the platform's, as an unreachable package index is: the host does
+bound: ``WheelTooLarge``, a file name that is no wheel's, a digest that does not match, a
+dependency named by URL) and ``WheelUnreachable`` (the platform's, as an unreachable package index is: the host does
 not resolve, the connection fails, is reset or runs out of time, TLS fails, a 5xx, 408 or
 429 answer, a body cut short).
 """
@@ -100,6 +100,10 @@ class WheelRefused(ValueError):
     installs: the requirement's fault. The message says why, without the field's name."""
 
 
+class WheelTooLarge(WheelRefused):
+    """The wheel is larger than the bytes it may take."""
+
+
 class WheelUnreachable(OSError):
     """The wheel could not be downloaded for a reason of the network or the server, not of
     the requirement (the platform's, retried). The message says what failed."""
@@ -160,16 +164,15 @@ def fetch_wheel(
         connection.request("GET", target, headers={"Accept-Encoding": "identity"})
         answer = connection.getresponse()
         judge_status(answer)
-        announced = answer.getheader("Content-Length")
-        if announced is not None and announced.isdigit() and int(announced) > max_bytes:
-            raise WheelRefused(_too_large(max_bytes))
+        if answer.length is not None and answer.length > max_bytes:  # Content-Length, read
+            raise WheelTooLarge(_too_large(max_bytes))
         digest = hashlib.sha256()
         size = 0
         with open(path, "xb") as out:
             while chunk := answer.read(_CHUNK):
                 size += len(chunk)
                 if size > max_bytes:
-                    raise WheelRefused(_too_large(max_bytes))
+                    raise WheelTooLarge(_too_large(max_bytes))
                 digest.update(chunk)
                 out.write(chunk)
     except (WheelRefused, WheelUnreachable):
@@ -251,13 +254,13 @@ class _Deadline:
     def left(self) -> float:
         left = self._end - time.monotonic()
         if left <= 0:
-            raise TimeoutError(f"the download took over {self.deadline:.0f} s")
+            raise TimeoutError(f"the download took over the {self.deadline:.0f} s it may take")
         return min(self.timeout, left)
 
     def check(self, exc: TimeoutError) -> TimeoutError:
         """``exc`` (a socket's timeout), or the deadline's when that is what ran out."""
         return (
-            TimeoutError(f"the download took over {self.deadline:.0f} s")
+            TimeoutError(f"the download took over the {self.deadline:.0f} s it may take")
             if (time.monotonic() >= self._end)
             else exc
         )

@@ -691,3 +691,29 @@ def test_a_wheel_url_whose_wheel_depends_on_a_url_is_refused_before_installing(
         assert caught.value.requirement == requirement
         assert "direct reference" in str(caught.value), str(caught.value)
         assert str(elsewhere.port) not in str(caught.value)
+
+
+def test_the_wheel_urls_of_an_environment_share_one_bound(
+    tmp_path: Path, wheel_servers: Wheels
+) -> None:
+    """``max_wheel_bytes`` bounds all the wheels of an environment together, as they wait
+    on the disk to be installed: a hundred requirements of 4 GiB each would have filled it
+    (and then flushed every team's environments from the cache to make room)."""
+    one, two = _wheel(tmp_path, "first", ""), _wheel(tmp_path, "second", "")
+    sizes = [one.stat().st_size, two.stat().st_size]
+    server = wheel_servers.serve({f"/{w.name}": Answer(body=w.read_bytes()) for w in (one, two)})
+    requirements = [
+        f"{w.name.split('-')[0]} @ https://127.0.0.1:{server.port}/{w.name}" for w in (one, two)
+    ]
+    cache = EnvironmentCache(
+        tmp_path / "envs", BASE, "uv", installer_env=_offline("uv"), fetch_allowed=LOOPBACK,
+        max_wheel_bytes=max(sizes) + 10,
+    )  # fmt: skip
+    with pytest.raises(RequirementsError) as caught:
+        cache.resolve(requirements)
+    assert f"wheels are larger than {max(sizes) + 10} bytes together" in str(caught.value)
+    assert caught.value.requirement == requirements[1]
+    assert list((tmp_path / "envs" / STORE).iterdir()) == []
+    # Each fits alone.
+    for requirement in requirements:
+        assert requirement.split(" ")[0] + "==1.0" in cache.resolve([requirement]).packages

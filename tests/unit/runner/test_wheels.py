@@ -11,6 +11,7 @@ from typing import Any, cast
 
 import pytest
 
+from trainyard_platform.services.runner import environments
 from trainyard_platform.services.runner.environments import RequirementsError
 from trainyard_platform.services.runner.git_remote import PUBLIC_ONLY, HostUnresolved
 from trainyard_platform.services.runner.launch import requirements_field
@@ -220,3 +221,30 @@ def test_an_archive_an_installer_may_read_otherwise_is_refused(tmp_path: Path) -
     (tmp_path / "not.whl").write_bytes(b"not a zip")
     with pytest.raises(WheelRefused, match="not a zip archive"):
         refuse_direct_references(tmp_path / "not.whl")
+
+
+def test_the_wheel_urls_of_an_environment_share_one_deadline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each download had the whole ``timeout``: a hundred slow wheel URLs held the build a
+    hundred times over. Now the next one gets what the ones before left, and none starts
+    once it is spent."""
+    clock = [1000.0]
+    given: list[float] = []
+
+    def fetch(url: str, folder: Path, *args: Any, deadline: float, **kwargs: Any) -> Any:
+        given.append(deadline)
+        clock[0] += 400  # this download took 400 s
+        path = folder / wheel_file_name(url)
+        path.write_bytes(b"wheel")
+        return path, "digest"
+
+    monkeypatch.setattr(environments, "fetch_wheel", fetch)
+    monkeypatch.setattr(environments, "refuse_direct_references", lambda path: None)
+    monkeypatch.setattr(environments.time, "monotonic", lambda: clock[0])
+    cache = environments.EnvironmentCache(tmp_path / "envs", "python3", timeout=1000)
+    requirements = [f"p{i} @ https://h/p{i}-1.0-py3-none-any.whl" for i in range(4)]
+    with pytest.raises(environments.InstallError, match="took over the 1000 s") as caught:
+        cache._download_wheels(tmp_path / "wheels", requirements)
+    assert given == [1000, 600, 200]
+    assert caught.value.requirement == requirements[3]
