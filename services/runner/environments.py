@@ -370,7 +370,10 @@ def normalize_requirement(requirement: str) -> str:
             spec = spec[1:-1]
         body = ",".join(sorted(s for s in spec.split(",") if s))
         marker = marker.strip()
-    return f"{name}{extras}{body}" + (f"; {marker}" if marker else "")
+    # After a URL, " ; ": PEP 508 reads "x.whl; m" as the URL "x.whl;" and then a marker
+    # where none may be (``packaging`` refuses it, and the runner reads it to download).
+    separator = " ; " if body.startswith(" @ ") else "; "
+    return f"{name}{extras}{body}" + (f"{separator}{marker}" if marker else "")
 
 
 def normalize_requirements(requirements: Sequence[str]) -> list[str]:
@@ -736,7 +739,8 @@ class EnvironmentCache:
         downloaded, by its URL."""
         try:
             installable, digests = self._download_wheels(target / WHEELS, requirements)
-            self._run_installer(target, purelib, requirements, installable, pins)
+            if installable:  # else all were wheel URLs whose markers do not hold here
+                self._run_installer(target, purelib, requirements, installable, pins)
         finally:
             shutil.rmtree(target / WHEELS, ignore_errors=True)
         return digests

@@ -717,3 +717,22 @@ def test_the_wheel_urls_of_an_environment_share_one_bound(
     # Each fits alone.
     for requirement in requirements:
         assert requirement.split(" ")[0] + "==1.0" in cache.resolve([requirement]).packages
+
+
+def test_a_wheel_url_with_a_marker_is_downloaded_where_the_marker_holds(
+    tmp_path: Path, wheel_servers: Wheels
+) -> None:
+    """The normal form once wrote ``x.whl; marker``, which PEP 508 reads as the URL
+    ``x.whl;`` and a marker where none may be: the runner could not read it to download,
+    and the job failed as its requirement's fault. A marker that does not hold here asks
+    nothing."""
+    wheel = _wheel(tmp_path, "marked", "")
+    server = wheel_servers.serve({f"/{wheel.name}": Answer(body=wheel.read_bytes())})
+    url = f"https://127.0.0.1:{server.port}/{wheel.name}"
+    cache = EnvironmentCache(
+        tmp_path / "envs", BASE, "uv", installer_env=_offline("uv"), fetch_allowed=LOOPBACK
+    )
+    held = cache.resolve([f"marked @ {url} ; python_version >= '3'"])
+    assert "marked==1.0" in held.packages and server.accepted == 1
+    skipped = cache.resolve([f"marked @ {url} ; python_version < '3'"])
+    assert "marked==1.0" not in skipped.packages and server.accepted == 1

@@ -126,7 +126,7 @@ def test_a_marker_after_a_wheel_url_without_a_space_is_part_of_the_url() -> None
         normalize_requirement(f"pkg @ https://example.org/{WHEEL};extra=='gpu'")
     assert (
         normalize_requirement(f"pkg @ https://example.org/{WHEEL} ; extra=='gpu'")
-        == f"pkg @ https://example.org/{WHEEL}; extra=='gpu'"
+        == f"pkg @ https://example.org/{WHEEL} ; extra=='gpu'"
     )
 
 
