@@ -81,6 +81,11 @@ _SHOWN = 300
 """Characters of a redirect's ``Location`` a refusal quotes."""
 _METADATA = re.compile(r"/?(?:\./)?[^/]*\.dist-info/METADATA", re.IGNORECASE)
 _MAX_METADATA = 16 * 1024 * 1024
+_MAX_DIRECTORY = 16 * 1024 * 1024
+"""Bytes of a wheel's zip central directory read: some 300,000 entries (a large wheel of
+CUDA kernels has tens of thousands)."""
+_DIRECTORY_SIZE = 5
+"""Where the central directory's size is in what ``zipfile._EndRecData`` returns."""
 _REQUIRES_DIST = re.compile(
     # At a line's start as any parser splits lines (``str.splitlines``, Python's email
     # parser's, or ``\n`` alone); the value running on over folded lines.
@@ -201,8 +206,11 @@ def refuse_direct_references(wheel: Path) -> None:
     ``Requires-Dist:`` (any case; a line as any of the installers' parsers splits them,
     header or body), its value running on to a ``\n`` followed by no space or tab; and a value may hold only the characters of a plain requirement, so
     no URL, path, ``@`` or RFC 2047 encoded word (``=?utf-8?q?...?=``, which uv decodes).
-    An archive with two entries of one name, or no METADATA, is refused too."""
+    An archive with two entries of one name, or no METADATA, is refused too, and one whose
+    central directory is over ``_MAX_DIRECTORY`` bytes before it is read (reading it takes
+    memory of the runner's in proportion)."""
     try:
+        _refuse_large_directory(wheel)
         with zipfile.ZipFile(wheel) as archive:
             entries = archive.infolist()
             names = [e.filename for e in entries]
@@ -240,6 +248,21 @@ def refuse_direct_references(wheel: Path) -> None:
         RuntimeError,
     ) as exc:  # corrupt, compressed or encrypted as no installer reads
         raise WheelRefused(f"the wheel is not a zip archive that can be read: {exc}") from None
+
+
+def _refuse_large_directory(wheel: Path) -> None:
+    """``WheelRefused`` when the zip archive at ``wheel`` says its central directory is over
+    ``_MAX_DIRECTORY`` bytes: ``zipfile`` reads all of it, and makes an object of each
+    entry, so a 4 GiB wheel of nothing else would take the runner's memory. The size is
+    read as ``zipfile.ZipFile`` reads it (its own function), so no archive is judged on one
+    size and then opened with another."""
+    with open(wheel, "rb") as file:
+        end = zipfile._EndRecData(file)  # type: ignore[attr-defined]
+    if end is not None and end[_DIRECTORY_SIZE] > _MAX_DIRECTORY:
+        raise WheelRefused(
+            f"the wheel's zip directory takes {end[_DIRECTORY_SIZE]} bytes, over the "
+            f"{_MAX_DIRECTORY} this node reads"
+        )
 
 
 class _Deadline:

@@ -11,7 +11,7 @@ from typing import Any, cast
 
 import pytest
 
-from trainyard_platform.services.runner import environments
+from trainyard_platform.services.runner import environments, wheels
 from trainyard_platform.services.runner.environments import RequirementsError
 from trainyard_platform.services.runner.git_remote import PUBLIC_ONLY, HostUnresolved
 from trainyard_platform.services.runner.launch import requirements_field
@@ -221,6 +221,21 @@ def test_an_archive_an_installer_may_read_otherwise_is_refused(tmp_path: Path) -
     (tmp_path / "not.whl").write_bytes(b"not a zip")
     with pytest.raises(WheelRefused, match="not a zip archive"):
         refuse_direct_references(tmp_path / "not.whl")
+
+
+def test_a_wheel_whose_zip_directory_is_large_is_refused_before_it_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``zipfile`` reads all the central directory and makes an object of each entry: a
+    4 GiB wheel of nothing else would take the runner's memory, so its size is read first
+    (the bound made small here: a real one would take a 16 MiB archive)."""
+    entries = [(f"pkg/{'m' * 60}{i}.py", b"") for i in range(40)]
+    entries.append(("pkg-1.0.dist-info/METADATA", _metadata("")))
+    wheel = _archive(tmp_path, entries)
+    refuse_direct_references(wheel)
+    monkeypatch.setattr(wheels, "_MAX_DIRECTORY", 2000)
+    with pytest.raises(WheelRefused, match=r"zip directory takes \d+ bytes, over the 2000"):
+        refuse_direct_references(wheel)
 
 
 def test_the_wheel_urls_of_an_environment_share_one_deadline(
