@@ -192,6 +192,7 @@ def fetch_wheel(
         if answer is not None:
             answer.close()
         connection.close()
+        connection.release()
     _check_digest(parts.fragment, digest.hexdigest(), path)
     return path, digest.hexdigest()
 
@@ -355,6 +356,7 @@ class _PinnedHTTPS(http.client.HTTPSConnection):
         super().__init__(host, port, timeout=deadline.timeout, context=self._tls)
         self._address = address
         self._deadline = deadline
+        self._bounded: _BoundedSocket | None = None
 
     def connect(self) -> None:
         try:
@@ -370,7 +372,13 @@ class _PinnedHTTPS(http.client.HTTPSConnection):
         except BaseException:
             raw.close()
             raise
-        self.sock = _BoundedSocket(tls, self._deadline)
+        self.sock = self._bounded = _BoundedSocket(tls, self._deadline)
+
+    def release(self) -> None:
+        """Close the socket, whatever reader of it is left open (an answer whose headers
+        failed to arrive is not closed by ``http.client``)."""
+        if self._bounded is not None:
+            self._bounded.sock.close()
 
 
 def judge_status(answer: http.client.HTTPResponse) -> None:
