@@ -84,8 +84,9 @@ _MAX_METADATA = 16 * 1024 * 1024
 _MAX_DIRECTORY = 16 * 1024 * 1024
 """Bytes of a wheel's zip central directory read: some 300,000 entries (a large wheel of
 CUDA kernels has tens of thousands)."""
-_DIRECTORY_SIZE = 5
-"""Where the central directory's size is in what ``zipfile._EndRecData`` returns."""
+_DIRECTORY_SIZE, _DIRECTORY_OFFSET = 5, 6
+"""Where the central directory's size and offset are in what ``zipfile._EndRecData``
+returns."""
 _REQUIRES_DIST = re.compile(
     # At a line's start as any parser splits lines (``str.splitlines``, Python's email
     # parser's, or ``\n`` alone); the value running on over folded lines.
@@ -208,11 +209,20 @@ def refuse_direct_references(wheel: Path) -> None:
     header or body), its value running on to a ``\n`` followed by no space or tab; and a value may hold only the characters of a plain requirement, so
     no URL, path, ``@`` or RFC 2047 encoded word (``=?utf-8?q?...?=``, which uv decodes).
     An archive with two entries of one name, or no METADATA, is refused too, and one whose
-    central directory is over ``_MAX_DIRECTORY`` bytes before it is read (reading it takes
+    central directory is not where its end record says (which zip readers find
+    differently) or is over ``_MAX_DIRECTORY`` bytes, before it is read (reading it takes
     memory of the runner's in proportion)."""
     try:
-        _refuse_large_directory(wheel)
+        offset = _directory_offset(wheel)
         with zipfile.ZipFile(wheel) as archive:
+            if archive.start_dir != offset:
+                # ``zipfile`` takes the directory to end where the end record starts and
+                # shifts every offset by the difference (data put before the archive);
+                # another reader goes by the offsets written, and may read another one.
+                raise WheelRefused(
+                    "the wheel's zip directory is not where the archive says it is (data "
+                    "before the archive, or a second directory)"
+                )
             entries = archive.infolist()
             names = [e.filename for e in entries]
             if len(set(names)) != len(names):
@@ -251,19 +261,23 @@ def refuse_direct_references(wheel: Path) -> None:
         raise WheelRefused(f"the wheel is not a zip archive that can be read: {exc}") from None
 
 
-def _refuse_large_directory(wheel: Path) -> None:
-    """``WheelRefused`` when the zip archive at ``wheel`` says its central directory is over
+def _directory_offset(wheel: Path) -> int | None:
+    """Where the zip archive at ``wheel`` says its central directory starts (None: no end
+    record, which ``zipfile`` then says). ``WheelRefused`` when that directory is over
     ``_MAX_DIRECTORY`` bytes: ``zipfile`` reads all of it, and makes an object of each
-    entry, so a 4 GiB wheel of nothing else would take the runner's memory. The size is
-    read as ``zipfile.ZipFile`` reads it (its own function), so no archive is judged on one
-    size and then opened with another."""
+    entry, so a 4 GiB wheel of nothing else would take the runner's memory. Read as
+    ``zipfile.ZipFile`` reads it (its own function), so no archive is judged on one record
+    and then opened with another."""
     with open(wheel, "rb") as file:
         end = zipfile._EndRecData(file)  # type: ignore[attr-defined]
-    if end is not None and end[_DIRECTORY_SIZE] > _MAX_DIRECTORY:
+    if end is None:
+        return None
+    if end[_DIRECTORY_SIZE] > _MAX_DIRECTORY:
         raise WheelRefused(
             f"the wheel's zip directory takes {end[_DIRECTORY_SIZE]} bytes, over the "
             f"{_MAX_DIRECTORY} this node reads"
         )
+    return int(end[_DIRECTORY_OFFSET])
 
 
 class _Deadline:

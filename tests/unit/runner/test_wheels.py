@@ -218,6 +218,12 @@ def test_an_archive_an_installer_may_read_otherwise_is_refused(tmp_path: Path) -
         refuse_direct_references(_archive(tmp_path, twice))
     with pytest.raises(WheelRefused, match=r"no \.dist-info/METADATA"):
         refuse_direct_references(_archive(tmp_path, [("pkg/__init__.py", b"")]))
+    # Data before the archive: zipfile shifts every offset by it and reads the directory
+    # before the end record; a reader going by the offsets written may read another.
+    plain = _archive(tmp_path, [("pkg-1.0.dist-info/METADATA", _metadata(""))]).read_bytes()
+    (tmp_path / "shifted.whl").write_bytes(b"\0" * 64 + plain)
+    with pytest.raises(WheelRefused, match="not where the archive says"):
+        refuse_direct_references(tmp_path / "shifted.whl")
     (tmp_path / "not.whl").write_bytes(b"not a zip")
     with pytest.raises(WheelRefused, match="not a zip archive"):
         refuse_direct_references(tmp_path / "not.whl")
