@@ -49,6 +49,7 @@ import io
 import re
 import socket
 import ssl
+import struct
 import time
 import zipfile
 import zlib
@@ -247,8 +248,9 @@ def refuse_direct_references(wheel: Path) -> None:
                         raise WheelRefused(
                             f"the wheel's {entry.filename} has a Requires-Dist that is not a "
                             "package's name, extras, versions and marker alone (a direct "
-                            "reference, dep @ URL, which the installer would fetch itself): "
-                            "a wheel names its dependencies by name, and a URL is a requirement of its own"
+                            "reference, dep @ URL, which the installer would fetch itself): a "
+                            "wheel names its dependencies by name, and a URL is a requirement "
+                            "of its own"
                         )
     except (
         zipfile.BadZipFile,
@@ -257,7 +259,9 @@ def refuse_direct_references(wheel: Path) -> None:
         EOFError,
         NotImplementedError,
         RuntimeError,
-    ) as exc:  # corrupt, compressed or encrypted as no installer reads
+        ValueError,
+        struct.error,
+    ) as exc:  # corrupt (a name that is no UTF-8...), compressed or encrypted as none reads
         raise WheelRefused(f"the wheel is not a zip archive that can be read: {exc}") from None
 
 

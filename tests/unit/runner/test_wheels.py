@@ -224,6 +224,11 @@ def test_an_archive_an_installer_may_read_otherwise_is_refused(tmp_path: Path) -
     (tmp_path / "shifted.whl").write_bytes(b"\0" * 64 + plain)
     with pytest.raises(WheelRefused, match="not where the archive says"):
         refuse_direct_references(tmp_path / "shifted.whl")
+    # A name flagged UTF-8 that is not: zipfile raised UnicodeDecodeError, no WheelRefused.
+    named = _archive(tmp_path, [("pkg/\u00e9.py", b""), ("pkg-1.0.dist-info/METADATA", b"")])
+    (tmp_path / "badname.whl").write_bytes(named.read_bytes().replace(b"\xc3\xa9", b"\xc3\x28"))
+    with pytest.raises(WheelRefused, match="not a zip archive that can be read"):
+        refuse_direct_references(tmp_path / "badname.whl")
     (tmp_path / "not.whl").write_bytes(b"not a zip")
     with pytest.raises(WheelRefused, match="not a zip archive"):
         refuse_direct_references(tmp_path / "not.whl")
