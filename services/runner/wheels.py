@@ -152,11 +152,17 @@ def fetch_wheel(
     ``folder`` (one of its own: the file is created, never replaced) as the module docstring
     says; the file's path and its sha256 (hex). ``WheelRefused`` or ``WheelUnreachable``
     when it cannot (see the module docstring); an ``OSError`` of a full disk as it is."""
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # ValueError: not a number, or out of range
+    except ValueError as exc:
+        raise WheelRefused(f"a URL that cannot be read: {exc}") from None
     if parts.scheme.lower() != "https" or not parts.hostname:
         raise WheelRefused("a URL must be an https:// one naming a host")
+    if port == 0:  # not "no port": the connection would go to 443, the judgement too
+        raise WheelRefused("a URL names the port 0, which is no port: 1 to 65535")
     name = wheel_file_name(url)
-    host, port = parts.hostname, parts.port or 443
+    host, port = parts.hostname, port or 443
     try:
         addresses, _ = judged_addresses(host, port, allowed, "wheels", resolver)
     except RemoteRefused as exc:

@@ -274,3 +274,26 @@ def test_the_wheel_urls_of_an_environment_share_one_deadline(
         cache._download_wheels(tmp_path / "wheels", requirements)
     assert given == [1000, 600, 200]
     assert caught.value.requirement == requirements[3]
+
+
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        ("https://h:0/x-1.0-py3-none-any.whl", "port 0"),
+        ("https://h:99999/x-1.0-py3-none-any.whl", "cannot be read"),
+        ("https://h:abc/x-1.0-py3-none-any.whl", "cannot be read"),
+        ("https://[::1/x-1.0-py3-none-any.whl", "cannot be read"),
+    ],
+)
+def test_a_port_that_is_none_is_refused_before_any_lookup(
+    tmp_path: Path, url: str, said: str
+) -> None:
+    """Port 0 was read as no port (443, judged and connected to); an unreadable one left
+    the download as a ValueError. The API and the runner's check before the job's code
+    refuse them first; the download does not rely on it."""
+
+    def resolver(host: str, port: int) -> list[str]:
+        raise AssertionError("looked up")
+
+    with pytest.raises(WheelRefused, match=said):
+        fetch_wheel(url, tmp_path, PUBLIC_ONLY, resolver=resolver)
