@@ -103,6 +103,7 @@ from trainyard_platform.services.runner.environments import (
     EnvironmentLease,
     job_interpreter,
 )
+from trainyard_platform.services.runner.git_remote import installed_git, unpinned_git
 from trainyard_platform.services.runner.gpus import GpuInventory, GpuUsage
 from trainyard_platform.services.runner.ledger import Ledger, LedgerEntry, safe_file_name
 from trainyard_platform.services.runner.node_faults import node_fault
@@ -289,6 +290,9 @@ class NodeAgent:
                 "namespace), so a job reaches every port of the host; "
                 "TRAINYARD_RUNNER_JOB_NETWORK=host says this is intended"
             )
+        unpinned = unpinned_git(installed_git())  # learnt once, here at the start
+        if unpinned is not None:
+            log.error("every job with git code will fail on this node: %s", unpinned)
         uids = self.job_uids
         killed = kill_leftovers(uids, groups, [e.allocation_id for e in unfinished])
         if killed:

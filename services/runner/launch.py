@@ -72,6 +72,7 @@ from trainyard_platform.services.runner.environments import (
     normalize_requirement,
 )
 from trainyard_platform.services.runner.git_remote import (
+    HostNotFound,
     HostUnresolved,
     PrivateAllowed,
     RemoteRefused,
@@ -302,8 +303,9 @@ def check_requirements(
     judgement of a job's git code: the runner downloads it in the host's network, so it
     would ask the node's own services for the tenant, and the error would come back in
     the job's failure reason; the download judges the address again, and connects to the
-    one it judged: ``wheels``). A wheel host that does not resolve is the platform's
-    (``PlatformError``), as a repository's is. Checked before the job's code or checkpoint
+    one it judged: ``wheels``), or that does not exist (``git_remote.HostNotFound``). A
+    wheel host the resolver fails to look up is the platform's (``PlatformError``), as a
+    repository's is. Checked before the job's code or checkpoint
     is downloaded, since a grant may come from an old job or another producer than the API,
     which refuses the rest and a URL written with an address that is not public."""
     for index, requirement in enumerate(requirements):
@@ -324,6 +326,11 @@ def check_requirements(
             raise RequirementsUnmet(
                 f"{field}: requirement {shown!r}: a URL {exc} (refused before the job's code "
                 "was downloaded)"
+            ) from None
+        except HostNotFound as exc:
+            raise RequirementsUnmet(
+                f"{field}: requirement {shown!r}: {exc} (refused before the job's code was "
+                "downloaded)"
             ) from None
         except HostUnresolved as exc:
             raise PlatformError(
