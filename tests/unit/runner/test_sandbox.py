@@ -174,6 +174,27 @@ def test_code_named_by_git_commit_is_checked_out_at_that_commit(tmp_path: Path) 
             )
 
 
+def test_a_git_daemon_serving_several_hosts_is_asked_for_the_host_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before: git was given the address judged in the URL, so its request said
+    # host=127.0.0.1:<port>, and a daemon serving by host name found no repository.
+    repo = tmp_path / "served" / "git.example" / "repo"
+    repo.mkdir(parents=True)
+    git(repo, "init", "-q")
+    (repo / "train.py").write_text("print('v1')\n")
+    git(repo, "add", "train.py")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@e", "commit", "-qm", "v1")
+    commit = git(repo, "rev-parse", "HEAD")
+    monkeypatch.setattr(git_remote, "resolve", lambda host, port: ["127.0.0.1"])
+    dest = tmp_path / "code"
+    dest.mkdir()
+    with git_daemon(tmp_path / "served", by_host=True) as port:
+        code = CodeGit(repository=f"git://git.example:{port}/repo", commit=commit)
+        checkout_git(code, dest, RUNNERS, tmp_path, None, None, LOOPBACK)
+    assert (dest / "train.py").read_text() == "print('v1')\n"
+
+
 @pytest.mark.parametrize("form", ["path", "file://", "file:", "ext::", "http://"])
 def test_a_repository_on_the_nodes_own_files_or_by_another_transport_is_never_fetched(
     tmp_path: Path, form: str
