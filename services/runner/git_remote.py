@@ -112,7 +112,7 @@ class Remote:
     transport: str
     """``https`` or ``git``."""
     host: str
-    """As written, without brackets."""
+    """As written, in lower case, without brackets (``shared.url_hosts.UrlHost.host``)."""
     port: int
 
 
