@@ -25,10 +25,11 @@ touching the network for it:
   fragment, when the URL has one, must match what was downloaded.
 
 Whose fault a failure is: ``WheelRefused`` (the requirement's, the same on any node: the
-address is refused, a redirect, a 4xx answer other than 408 and 429, a body over the
-bound, a file name that is no wheel's, a digest that does not match) and
-``WheelUnreachable`` (the platform's, as an unreachable package index is: the host does
-not resolve, the connection fails, is reset or runs out of time, TLS fails, a 5xx, 408 or
+URL is one ``shared.url_hosts`` refuses, the address is refused, the host does not exist
+(``git_remote.HostNotFound``), a redirect, a 4xx answer other than 408 and 429, a body over
+the bound, a file name that is no wheel's, a digest that does not match) and
+``WheelUnreachable`` (the platform's, as an unreachable package index is: the resolver
+fails to look the host up, the connection fails, is reset or runs out of time, TLS fails, a 5xx, 408 or
 429 answer, a body cut short).
 """
 
@@ -48,6 +49,7 @@ from urllib.parse import unquote, urlsplit
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
 from trainyard_platform.services.runner.git_remote import (
+    HostNotFound,
     HostUnresolved,
     PrivateAllowed,
     RemoteRefused,
@@ -55,6 +57,7 @@ from trainyard_platform.services.runner.git_remote import (
     judged_addresses,
 )
 from trainyard_platform.shared.public_addresses import IPAddress
+from trainyard_platform.shared.url_hosts import WHEEL_SCHEMES, read_url
 
 MAX_WHEEL_BYTES: Final = 4 * 1024**3
 """The largest wheel a job's requirement may name by URL: the bound of a job's unpacked
@@ -110,15 +113,20 @@ def fetch_wheel(
     ``folder`` (one of its own: the file is created, never replaced) as the module docstring
     says; the file's path and its sha256 (hex). ``WheelRefused`` or ``WheelUnreachable``
     when it cannot (see the module docstring); an ``OSError`` of a full disk as it is."""
+    try:
+        # The host read as the API and the runner's judgement read it (one reader).
+        located = read_url(url, WHEEL_SCHEMES, "is not one the installers read as such")
+    except ValueError as exc:
+        raise WheelRefused(f"a URL {exc}") from None
     parts = urlsplit(url)
-    if parts.scheme.lower() != "https" or not parts.hostname:
-        raise WheelRefused("a URL must be an https:// one naming a host")
     name = wheel_file_name(url)
-    host, port = parts.hostname, parts.port or 443
+    host, port = located.host, located.port
     try:
         addresses, _ = judged_addresses(host, port, allowed, "wheels", resolver)
     except RemoteRefused as exc:
         raise WheelRefused(f"a URL {exc}") from None
+    except HostNotFound as exc:  # the tenant's: no such host (``git_remote.lookup``)
+        raise WheelRefused(f"resolving {host}: {exc}") from None
     except HostUnresolved as exc:
         raise WheelUnreachable(f"resolving {host}: {exc}") from None
     path = folder / name
