@@ -106,10 +106,13 @@ export async function render(view, [jobId], { me }) {
     const entries = job.history || [];
     replace(timeline, h("ol", { class: "timeline" }, entries.map((entry, i) => {
       const next = entries[i + 1];
-      const lasted = next ? (Date.parse(next.at) - Date.parse(entry.at)) / 1000 : null;
+      // The status a living job is in has lasted until now: how long it has waited is what
+      // a person opening a pending job asks first.
+      const until = next ? Date.parse(next.at) : job.terminal ? null : Date.now();
+      const lasted = until === null ? null : (until - Date.parse(entry.at)) / 1000;
       return h("li", { class: `tl-${entry.status.toLowerCase()}` },
         h("div", { class: "tl-head" }, statusBadge(entry.status), h("span", { class: "muted" }, absolute(entry.at)),
-          lasted !== null ? h("span", { class: "muted" }, ` · ${duration(lasted)}`) : null),
+          lasted !== null ? h("span", { class: "muted" }, ` · ${duration(lasted)}${next ? "" : " so far"}`) : null),
         entry.reason ? h("div", { class: "tl-reason" }, entry.reason) : null);
     })));
   }
