@@ -225,6 +225,40 @@ def test_markup_in_what_people_write_shows_as_text(browser: Any, small: Stack) -
     assert not script_errors(driver)
 
 
+REFUSED_CANCEL = """
+window.confirm = () => true;
+const real = window.fetch;
+window.fetch = (url, options) => String(url).endsWith("/cancel")
+  ? Promise.resolve(new Response(JSON.stringify({ detail: "the scheduler is busy" }),
+      { status: 503, headers: { "Content-Type": "application/json" } }))
+  : real(url, options);
+"""
+"""Every cancel answered 503 by the browser itself (the job stays as it is), and the
+confirmation accepted."""
+
+
+def test_a_refused_cancel_says_so_and_stays_said(browser: Any, small: Stack) -> None:
+    """A cancel the platform refuses says the job was not cancelled and why, and the message
+    outlives the page's redraw every 3 s (it was drawn in the header the redraw replaces, so
+    it was gone before a person read it)."""
+    driver = browser
+    sign_in(driver, small, f"/jobs/{small.waiting}")
+    cancel = wait(
+        driver, "the cancel button", lambda d: d.find_elements("css selector", "button.danger")
+    )
+    driver.execute_script(REFUSED_CANCEL)
+    cancel[0].click()
+    notice = wait(
+        driver,
+        "the refusal",
+        lambda d: [e for e in d.find_elements("id", "job-notice") if "not cancelled" in e.text],
+    )[0]
+    assert "the scheduler is busy" in notice.text
+    refreshed(driver, ".page-header")
+    assert "The job was not cancelled." in driver.find_element("id", "job-notice").text
+    assert not script_errors(driver)
+
+
 def test_a_mangled_link_says_there_is_no_such_job(browser: Any, small: Stack) -> None:
     """A job link whose percent-encoding was cut (``%E0%A4%A``) is a job that does not exist,
     not a page stuck on "Loading…"; the next link works."""

@@ -28,6 +28,8 @@ export async function render(view, [jobId], { me }) {
   }
   const timers = [];
   const header = h("div");
+  // What became of an action (a cancel refused): below the header, which redraws every 3 s.
+  const notice = h("div", { id: "job-notice" });
   const stats = h("div", { class: "stats", id: "job-stats" });
   const pending = h("div", { id: "pending" });
   const failure = h("div", { id: "failure" });
@@ -41,7 +43,7 @@ export async function render(view, [jobId], { me }) {
   const logBox = h("pre", { class: "logs", id: "logs", tabindex: "0" });
   const logState = h("span", { class: "muted", id: "log-state" });
 
-  view.append(header, stats, pending, failure, verdictBox,
+  view.append(header, notice, stats, pending, failure, verdictBox,
     card("Metrics", charts),
     h("div", { class: "columns" }, card("Timeline", timeline), card("Checkpoints", checkpoints)),
     model,
@@ -159,11 +161,12 @@ export async function render(view, [jobId], { me }) {
 
   async function cancel() {
     if (!confirm(`Cancel job ${job.name}?`)) return;
+    replace(notice);
     try {
       job = (await call("submission", `/v1/jobs/${encodeURIComponent(job.id)}/cancel`, { method: "POST" })).data;
       draw();
     } catch (error) {
-      header.append(errorMessage(error, "the cancellation"));
+      replace(notice, message("error", "The job was not cancelled.", error.message || String(error)));
     }
   }
 
