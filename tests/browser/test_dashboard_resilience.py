@@ -484,11 +484,22 @@ def test_a_tag_the_registry_refuses_is_refused_naming_the_rule(browser: Any, sma
 
 
 def test_a_tab_reloaded_after_its_token_was_revoked_says_why(browser: Any, small: Stack) -> None:
-    """A tab whose token was revoked since it signed in, reloaded (or its link opened again
-    in it), says the session ended, as it does when that happens while a page is open; after
-    signing in again the link's page shows."""
+    """A token revoked while a job's page is open ends the session, saying so; a tab whose
+    token was revoked since it signed in, reloaded (or its link opened again in it), says the
+    same; after signing in again the link's page shows."""
     driver = browser
     headers = {"Authorization": f"Bearer {small.token}"}
+    # Revoked while its page is open: the page's next read (every 3 s) ends the session.
+    open_tab = httpx.post(f"{small.url}/v1/tokens", json={"name": "open"}, headers=headers).json()
+    sign_in(driver, small, f"/jobs/{small.waiting}", open_tab["token"])
+    wait(driver, "the job", lambda d: d.find_elements("css selector", "button.danger"))
+    revoked = httpx.delete(f"{small.url}/v1/tokens/{open_tab['id']}", headers=headers)
+    assert revoked.status_code == 204, revoked.text
+    wait(
+        driver,
+        "the session ended",
+        lambda d: "Your session ended" in d.find_element("css selector", ".login-status").text,
+    )
     made = httpx.post(f"{small.url}/v1/tokens", json={"name": "tab"}, headers=headers).json()
     driver.get(f"{small.url}/ui/")
     driver.execute_script("sessionStorage.clear()")
