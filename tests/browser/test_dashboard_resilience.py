@@ -261,13 +261,17 @@ def test_a_refused_cancel_says_so_and_stays_said(browser: Any, small: Stack) -> 
 
 def test_a_mangled_link_says_there_is_no_such_job(browser: Any, small: Stack) -> None:
     """A job link whose percent-encoding was cut (``%E0%A4%A``) is a job that does not exist,
-    not a page stuck on "Loading…"; the next link works."""
+    not a page stuck on "Loading…"; the next link works; ``#/constructor`` is no page (it
+    said "This page could not be shown": the router took any key of an object for a page)."""
     driver = browser
     sign_in(driver, small)
     driver.execute_script("location.hash = arguments[0]", "/jobs/%E0%A4%A")
     wait(driver, "no such job", lambda d: "No such job" in d.find_element("tag name", "body").text)
     driver.execute_script("location.hash = arguments[0]", f"/jobs/{small.waiting}")
     wait(driver, "the job", lambda d: d.find_elements("css selector", "button.danger"))
+    # A page name that is a name of every object's (a typo, a probe): no page, so the jobs.
+    driver.execute_script("location.hash = '/constructor'")
+    wait(driver, "the jobs", lambda d: "waits-for-more" in d.find_element("id", "jobs").text)
     assert not script_errors(driver)
 
 

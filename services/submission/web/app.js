@@ -23,7 +23,8 @@ let generation = 0;
 
 function route() {
   const parts = location.hash.replace(/^#\/?/, "").split("?")[0].split("/").filter(Boolean).map(decoded);
-  const page = parts[0] in PAGES ? parts[0] : "jobs";
+  // Its own key only: "constructor" or "toString" is in every object, and is no page.
+  const page = Object.hasOwn(PAGES, parts[0] ?? "") ? parts[0] : "jobs";
   return { page, params: parts.slice(1) };
 }
 
