@@ -200,7 +200,8 @@ async def _accrual(
     if end <= month:
         return Decimal(0), []
     rows = await conn.fetch(
-        f"""SELECT a.allocation_id, a.gpu_flavor, a.gpus, a.cpus, a.memory_gib, a.granted_at
+        f"""SELECT a.allocation_id, a.gpu_flavor, a.gpus, a.cpus, a.memory_gib, a.granted_at,
+                  a.billed_until
            FROM announced_allocations a
            WHERE a.team = $1 AND ($2::text IS NULL OR a.project = $2) AND a.granted_at < $3
              AND NOT EXISTS (SELECT 1 FROM usage_ledger u
@@ -218,12 +219,19 @@ async def _accrual(
     total = Decimal(0)
     ids = []
     for r in rows:
+        start = max(r["granted_at"], month)
+        # No further than its bill can reach: the scheduler releases it by then, however
+        # long it is held after (migration 0021; NULL, announced before it: up to ``end``).
+        until = end if r["billed_until"] is None else min(end, r["billed_until"])
+        if until <= start:
+            ids.append(r["allocation_id"])  # all it may be billed this month is counted: 0
+            continue
         try:
             segments = book.segments(
                 r["gpu_flavor"],
                 r["gpus"],
-                max(r["granted_at"], month),
-                end,
+                start,
+                until,
                 cpus=r["cpus"],
                 memory_gib=r["memory_gib"],
             )
