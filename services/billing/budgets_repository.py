@@ -180,8 +180,10 @@ async def accrued(
 ) -> Decimal:
     """The cost so far of the budget's allocations that are granted and not billed yet
     (running; not one whose own runner said it failed through the platform, ``OWN_REPORT``:
-    the platform pays for it), within the month and up to ``now``, priced by the book as their bill will be
-    (GPUs, CPUs and memory);
+    the platform pays for it), within the month and up to ``now``, but never past the
+    latest end of its bill (``billed_until``: its grant plus its job's
+    ``max_runtime_seconds`` and the kill grace, ``worst_case.billed_until``; the scheduler
+    releases it no later), priced by the book as their bill will be (GPUs, CPUs and memory);
     0 for an allocation of a flavor without a price (its release will be dead-lettered)."""
     return (await _accrual(conn, budget, month, now))[0]
 
@@ -224,7 +226,9 @@ async def _accrual(
         # long it is held after (migration 0021; NULL, announced before it: up to ``end``).
         until = end if r["billed_until"] is None else min(end, r["billed_until"])
         if until <= start:
-            ids.append(r["allocation_id"])  # all it may be billed this month is counted: 0
+            # Its bill ends before this month: nothing more of it is spent in it, and a
+            # reservation counts none of it as still to come (``accruing``).
+            ids.append(r["allocation_id"])
             continue
         try:
             segments = book.segments(
