@@ -159,7 +159,8 @@ async def spent_accruing(
 ) -> tuple[Decimal, list[str]]:
     """``spent``, and the allocations (ids, sorted) whose accrued cost is part of it: each
     still running and priced, its cost from its grant (or the month's start) up to ``now``
-    counted (``budget.updated``'s ``accruing``). ``book``: the price book read already in
+    (or the end of its bill, if earlier: ``accrued``) counted (``budget.updated``'s
+    ``accruing``). ``book``: the price book read already in
     this transaction (a caller saying many budgets reads it once); else it is read here
     when an allocation is running."""
     value = await conn.fetchval(
