@@ -294,7 +294,10 @@ async def free_unlisted(
     one that does not list the allocation, even one sent before the hold and handled after
     it, was sent by a runner that did not hold it: it had ended it, or had not yet taken its
     grant, and then the revocation behind that grant in its node's stream stops the launch
-    before the job runs (and a newer grant on those GPUs waits for that launch)."""
+    before the job runs (a gang that succeeded revokes none of its other members: the first
+    heartbeat that lists one has it fenced, ``handlers._fence_strays``), and a newer grant
+    on those GPUs waits for that launch and stops the older epoch's job, if it started,
+    before its own runs (``runner.agent``)."""
     listed: list[uuid.UUID] = []
     for raw in running:
         try:
