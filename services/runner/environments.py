@@ -158,6 +158,7 @@ from types import TracebackType
 from typing import Literal
 
 from trainyard_platform.services.runner import disk_watch
+from trainyard_platform.services.runner.deadline import cap_timeout
 from trainyard_platform.services.runner.git_remote import PUBLIC_ONLY, PrivateAllowed
 from trainyard_platform.services.runner.wheels import (
     MAX_WHEEL_BYTES,
@@ -885,7 +886,8 @@ class EnvironmentCache:
                 errors="replace",
                 env=env,
                 cwd=self.root if self.root.is_dir() else None,
-                timeout=self.timeout,
+                # A launch's deadline stops the build too (``deadline.cap_timeout``).
+                timeout=cap_timeout(self.timeout),
                 umask=0o022,
                 check=False,
             )

@@ -61,6 +61,7 @@ from trainyard_platform.services.runner.cgroups import (
     memory_limit,
 )
 from trainyard_platform.services.runner.config import Settings
+from trainyard_platform.services.runner.deadline import platform_time
 from trainyard_platform.services.runner.domain import TORCHRUN_MODULE
 from trainyard_platform.services.runner.environments import (
     EnvironmentBuildError,
@@ -365,14 +366,16 @@ def resume_from(
     could hold it."""
     limit = int(settings.job_disk_gib * disk_watch.GIB) or None
     try:
-        return checkpoints.stage_resume(
-            open_store(store.uri_for(checkpoints.job_prefix(grant.job_id)), settings.storage),
-            grant.resume,
-            staging,
-            limit,
-            job_id=grant.job_id,
-            attempt=grant.attempt,
-        )
+        # The object store's time is the platform's, not the job's (``deadline``).
+        with platform_time():
+            return checkpoints.stage_resume(
+                open_store(store.uri_for(checkpoints.job_prefix(grant.job_id)), settings.storage),
+                grant.resume,
+                staging,
+                limit,
+                job_id=grant.job_id,
+                attempt=grant.attempt,
+            )
     except checkpoints.ResumeTooLarge as exc:
         raise JobInputError(
             f"checkpoint: the job's checkpoint of step {exc.step}, to resume from, is "

@@ -65,6 +65,7 @@ from pathlib import Path
 from trainyard_platform.services.runner import as_uid, orphans
 from trainyard_platform.services.runner.cgroups import JobCgroup
 from trainyard_platform.services.runner.checkpoints import file_sha256
+from trainyard_platform.services.runner.deadline import cap_timeout, platform_time
 from trainyard_platform.services.runner.git_faults import (
     COMMIT,
     REPOSITORY,
@@ -370,11 +371,14 @@ class AsJob:
         cgroup (``job_preexec``), exactly its environment, stdin closed, in a session (and
         process group) of its own, without a controlling terminal; stdout and stderr
         captured, each up to ``MAX_AS_JOB_OUTPUT_BYTES``.
-        Whatever it leaves running is killed before this returns. Raises ``OSError``,
+        Run in a launch, it is killed at the launch's deadline if ``timeout`` is later
+        (``deadline.cap_timeout``). Whatever it leaves running is killed before this returns.
+        Raises ``OSError``,
         ``subprocess.SubprocessError`` (the process could not join its cgroup or become its
         user), ``subprocess.TimeoutExpired`` like ``subprocess.run``, and ``OutputTooLarge``
         (a ``SubprocessError``) once it has printed more than the bound, its group killed."""
         limit = self.max_processes if self.user.isolated else None
+        timeout = cap_timeout(timeout)  # a launch's deadline kills it too
         try:
             with subprocess.Popen(
                 list(argv),
@@ -574,8 +578,10 @@ def fetch_bundle(
         archive = Path(scratch) / "bundle.tar.gz"
         try:
             # No more than the spec says it holds: a larger object cannot be the bundle it
-            # names, and would take the node's disk before its sha256 said so.
-            store.get_file(key, archive, max_bytes=bundle.size_bytes)
+            # names, and would take the node's disk before its sha256 said so. The
+            # object store's time is the platform's, not the job's (``deadline``).
+            with platform_time():
+                store.get_file(key, archive, max_bytes=bundle.size_bytes)
         except ObjectTooLarge as exc:
             raise JobInputError(
                 f"spec.code.size_bytes: code bundle {bundle.sha256[:12]} is {exc.size} in "
