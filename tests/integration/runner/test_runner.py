@@ -269,7 +269,11 @@ async def test_a_job_ignoring_sigterm_is_killed_after_the_grace_and_cancelled(
 async def test_a_job_over_its_max_runtime_fails(
     settings: Settings, start_runner: StartRunner, bus: Bus, events: EventLog, launches: Path
 ) -> None:
-    await start_runner(settings)
+    runner = await start_runner(settings)
+    # Its preparation takes none of its second (its deadline's clock stands still): what
+    # is checked here is the process's own timer (test_preparation_deadline.py: the
+    # preparation counts too).
+    runner.agent.clock = lambda: 0.0
     allocation = grant(settings.node_id, ["wait", str(launches)], max_runtime_seconds=1)
     await publish(bus, allocation, settings.node_id)
     failed = await events.first(JobFailed, allocation.job_id)
