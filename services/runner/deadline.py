@@ -9,19 +9,19 @@ Contract:
   ``MAX_DELIVERY_S`` earlier; a ``granted_at`` after the receipt (the scheduler's clock
   ahead) counts from the receipt, one further back (the bus or the runner away, or the
   clocks that far apart) from ``MAX_DELIVERY_S`` before the receipt: a grant delivered that
-  late is the platform's delay, which never eats up the job's time. From then on it is a
-  monotonic clock (``clock``), which a wall clock set back or forth does not move.
+  late is the platform's delay, of which the job loses no more than that. From then on it
+  is a monotonic clock (``clock``), which a wall clock set back or forth does not move.
 - The job's time runs from the start, except while the platform holds the launch up
   (``platform()``, a context, opened by the runner's own waits: for earlier launches on the
   attempt's GPUs and the jobs it fences to exit, for the object store: each download from
   it, an outage's retries and their back-off). That time is not the job's, and the
-  deadline moves by it. What is left is the job's: the wait for the agent, its code
-  fetched by git, its environment built, its command spawned.
+  deadline moves by it. What is left is the job's: the grant's delivery (as above), its
+  code fetched by git or unpacked, its environment built, its command spawned.
 - ``remaining()``: the job's seconds left (never below 0); ``expired()`` once none is.
   The phases consult it: the launch's waits (``agent._Launch.unless_stopped``) end the
-  launch when it expires, the child processes of a preparation (git, the installer,
-  the interpreter's probe) run at most what is left (``cap_timeout``, through ``current``), and a
-  job that starts runs only what is left (``supervisor.JobRun.supervise``).
+  launch when it expires, the child processes of a preparation (git, the installer, the
+  interpreter's probe) run at most what is left (``cap_timeout``, through ``current``),
+  and a job that starts runs only what is left (``supervisor.JobRun.supervise``).
 - ``phase(what)``: the phase the job's own time is spent in, for the reason of a deadline
   that passes in it (``ran_out``): ``max_runtime_seconds: <what> took longer than the N s
   left of the job's M s (counted from its grant, its preparation included); stopped

@@ -126,11 +126,9 @@ async def test_a_launch_stops_at_its_deadline_while_its_work_still_runs() -> Non
 async def test_the_platforms_wait_never_runs_the_jobs_time_out() -> None:
     clock = Clock()
     launching = _Launch(1, GPU, AttemptDeadline(60, clock=clock))
-    earlier_launch = asyncio.Event()
 
     async def waited_for() -> str:
         clock.now += 7200  # two hours behind another launch on its GPUs
-        earlier_launch.set()
         return "its turn"
 
     with launching.deadline.platform():
