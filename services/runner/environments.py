@@ -166,6 +166,9 @@ from trainyard_platform.services.runner.wheels import (
     WheelUnreachable,
     fetch_wheel,
 )
+from trainyard_platform.services.runner.wheels import (
+    TIMEOUT_S as WHEEL_READ_TIMEOUT_S,
+)
 from trainyard_platform.shared.requirements import (
     WHEEL_URL,
     requirement_problem,
@@ -772,7 +775,9 @@ class EnvironmentCache:
                     own,
                     self.fetch_allowed,
                     max_bytes=self.max_wheel_bytes,
-                    deadline=self.timeout,
+                    # A launch's deadline stops the download too, as the installer's.
+                    timeout=max(0.1, cap_timeout(WHEEL_READ_TIMEOUT_S)),
+                    deadline=cap_timeout(self.timeout),
                 )
             except WheelRefused as exc:
                 raise RequirementsError(f"requirement {shown!r}: {exc}", text) from None
