@@ -496,8 +496,32 @@ class NodeAgent:
                 run = self._runs.get(job.allocation_id)
                 if run is not None and launching.revoked is not None:
                     run.request_stop(*launching.revoked)
+        except Exception as exc:
+            await self._launch_broke(accepted, exc)
         finally:
             self._launch_ended(grant.allocation_id)
+
+    async def _launch_broke(self, accepted: _Accepted, exc: Exception) -> None:
+        """End an allocation whose launch raised what none of its steps expected (a defect,
+        or a failure with no verdict of its own): a launch that ended without saying so
+        left its allocation live for ever, the job RUNNING to the platform and its GPUs
+        held, since nothing else ends an allocation whose runner stays up. Said as the
+        platform's failure (the job is retried), never the node's fault nor the job's; a
+        job already spawned is left to its supervision, which ends it."""
+        job = accepted.job
+        log.exception("allocation %s: its launch failed unexpectedly", job.allocation_id)
+        if job.allocation_id in self._runs:
+            return
+        await self._failed_to_start(
+            job,
+            # Its text stays in this node's log: it may name the node's own services.
+            f"the runner of node {self.settings.node_id} could not launch the job (an "
+            f"internal error, {type(exc).__name__}, in its log); the platform retries it",
+            accepted.events,
+            accepted.trace_headers,
+            "platform_error",
+            node_fault=False,
+        )
 
     async def _prepare(self, accepted: _Accepted, launching: _Launch) -> launch.Prepared | None:
         """Everything of a launch before its spawn; None when the allocation ended (unrun,
