@@ -35,10 +35,16 @@ Contract:
   no user or team, at ``operator_rate_factor`` times a user's rate and burst; its 429 names
   the operator token.
 - ``client_key(address)``: the one key of a client address, so that one client cannot
-  sidestep a limit by changing addresses: an IPv4 address as itself, an IPv4-mapped IPv6
-  address (``::ffff:a.b.c.d``) as that IPv4 address, any other IPv6 address as its /64
-  network (``2001:db8:1:2::/64``), which a provider gives each host whole (keyed by
-  address, one host would have 2^64 buckets); what is no IP address as given.
+  sidestep a limit by changing addresses: an IPv4 address as itself; an IPv6 address that
+  carries the IPv4 address of the client behind it as that IPv4 address (IPv4-mapped
+  ``::ffff:a.b.c.d``, IPv4-compatible ``::a.b.c.d``, NAT64's well-known ``64:ff9b::/96``,
+  6to4's ``2002:wwxx:yyzz::/48``, whose host has 2^16 /64s, and Teredo's ``2001::/32``,
+  whose /64 is its relay server's, shared by all its clients); loopback ``::1`` as itself;
+  any other IPv6 address as its /64 network (``2001:db8:1:2::/64``), which a provider
+  gives each host whole (keyed by address, one host would have 2^64 buckets). What is no IP
+  address (``unknown``: no peer; whatever a trusted proxy's ``X-Forwarded-For`` named) is
+  one key, ``UNKNOWN_CLIENT``, for all of them: kept as given, a client able to write it
+  would pick a fresh bucket at each request, each key as long as a header.
 - Every limit lives in its process: N replicas of a service allow N times the rate.
 """
 
@@ -69,22 +75,49 @@ that token, whoever holds it)."""
 IPV6_NETWORK_BITS: Final = 64
 """The prefix an IPv6 client is keyed by: a host is given a /64, every address in it its own."""
 
+UNKNOWN_CLIENT: Final = "unknown"
+"""The one key of every client whose address is no IP address (see the module)."""
+
+_CARRYING_LOW_32_BITS: Final = (
+    ipaddress.IPv6Network("64:ff9b::/96"),  # NAT64's well-known prefix (RFC 6052)
+    ipaddress.IPv6Network("::/96"),  # IPv4-compatible (RFC 4291), but for :: and ::1
+)
+"""IPv6 networks whose addresses carry a client's IPv4 address in their last 32 bits."""
+
 
 def client_key(address: str) -> str:
     """The key of a client ``address`` in a limiter (see the module): the IPv4 address, the
-    IPv4 address an IPv4-mapped IPv6 address carries, the /64 network of any other IPv6
-    address (its zone, ``%eth0``, dropped), or ``address`` as given when it is no IP
-    address (``unknown``: no peer). A key with a ``/`` is a network, not one address."""
+    IPv4 address an IPv6 address carries, loopback ``::1``, the /64 network of any other
+    IPv6 address (its zone, ``%eth0``, dropped), or ``UNKNOWN_CLIENT`` for what is no IP
+    address. A key with a ``/`` is a network, not one address."""
     try:
         ip = ipaddress.ip_address(address)
     except ValueError:
-        return address
+        return UNKNOWN_CLIENT
     if isinstance(ip, ipaddress.IPv4Address):
         return str(ip)
-    if ip.ipv4_mapped is not None:
-        return str(ip.ipv4_mapped)
+    carried = _carried_ipv4(ip)
+    if carried is not None:
+        return str(carried)
+    if ip.is_loopback:
+        return str(ipaddress.IPv6Address(int(ip)))  # ``::1``, its zone dropped
     host_bits = 128 - IPV6_NETWORK_BITS
     return str(ipaddress.IPv6Network((int(ip) >> host_bits << host_bits, IPV6_NETWORK_BITS)))
+
+
+def _carried_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address of the client ``ip`` stands for, where it carries one (see the
+    module), else None. Only the client at that IPv4 address gets the answers to such an
+    address, so none can spend another's bucket this way."""
+    if ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    if ip.sixtofour is not None:
+        return ip.sixtofour
+    if ip.teredo is not None:
+        return ip.teredo[1]  # (relay server, client)
+    if int(ip) > 1 and any(ip in network for network in _CARRYING_LOW_32_BITS):
+        return ipaddress.IPv4Address(int(ip) & 0xFFFF_FFFF)
+    return None
 
 
 class RateLimiter:

@@ -17,9 +17,10 @@ the API checked: it asks again, and a requirement refused here fails the job as 
 error.
 
 A wheel URL is also a request the node makes for the tenant: the runner downloads it in
-the host's network (``services.runner.wheels``) and gives the installer the file. ``wheel_host`` reads the host and port it names (refusing what the
-runner's judgement would read otherwise than its download: whitespace, a character beyond
-ASCII, port 0), ``wheel_address_problem`` refuses a host written as an address that is not
+the host's network (``services.runner.wheels``) and gives the installer the file.
+``wheel_host`` reads the host and port it names as a repository's are read
+(``shared.url_hosts``: refusing what the runner's judgement would read otherwise than its
+download), ``wheel_address_problem`` refuses a host written as an address that is not
 public (``shared.public_addresses``), which the submission API applies; a host name is left
 to the runner, which resolves and judges it before installing
 (``services.runner.launch.check_requirements``).
@@ -29,13 +30,9 @@ from __future__ import annotations
 
 import re
 from typing import Final
-from urllib.parse import urlsplit
 
-from trainyard_platform.shared.public_addresses import (
-    NOT_PRINTABLE_ASCII,
-    address_problem,
-    literal_address,
-)
+from trainyard_platform.shared.public_addresses import address_problem, literal_address
+from trainyard_platform.shared.url_hosts import WHEEL_SCHEMES, read_url
 
 _REQ_NAME = r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?"
 _REQ_EXTRAS = rf"\[ *{_REQ_NAME}(?: *, *{_REQ_NAME})* *\]"
@@ -170,26 +167,18 @@ def wheel_url(value: str) -> str | None:
 def wheel_host(value: str) -> tuple[str, int] | None:
     """The host (without brackets) and port of the wheel URL the requirement ``value`` (one
     ``requirement_problem`` passed) names, None when it names none; ``ValueError`` saying
-    why for one no node fetches from: whitespace, a control character or one beyond ASCII
-    (which ``urlsplit`` drops or lowers to ASCII, so what is judged would not be what the
-    installer is given), a port that is none, no host."""
+    why for one no node fetches from: its host read as a repository's is
+    (``shared.url_hosts.read_url``), and refused where programs would read it differently
+    (whitespace, a character beyond ASCII, a percent-escape, a host ending in a number that
+    is no address such as ``127.0.0.1.``, port 0, no host)."""
     url = wheel_url(value)
     if url is None:
         return None
-    if NOT_PRINTABLE_ASCII.search(url):
-        raise ValueError(
-            "a URL must not hold whitespace, a control character or a character beyond ASCII"
-        )
     try:
-        parts = urlsplit(url)
-        port = parts.port
+        located = read_url(url, WHEEL_SCHEMES, "is not one the installers read as such")
     except ValueError as exc:
-        raise ValueError(f"a URL must be one the installers read as such ({exc})") from None
-    if port == 0:
-        raise ValueError("a URL names the port 0, which is no port: 1 to 65535")
-    if not parts.hostname:
-        raise ValueError("a URL must name a host")
-    return parts.hostname, port or 443
+        raise ValueError(f"a URL {exc}") from None
+    return located.host, located.port
 
 
 def wheel_address_problem(value: str) -> str | None:

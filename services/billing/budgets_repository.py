@@ -159,7 +159,8 @@ async def spent_accruing(
 ) -> tuple[Decimal, list[str]]:
     """``spent``, and the allocations (ids, sorted) whose accrued cost is part of it: each
     still running and priced, its cost from its grant (or the month's start) up to ``now``
-    counted (``budget.updated``'s ``accruing``). ``book``: the price book read already in
+    (or the end of its bill, if earlier: ``accrued``) counted (``budget.updated``'s
+    ``accruing``). ``book``: the price book read already in
     this transaction (a caller saying many budgets reads it once); else it is read here
     when an allocation is running."""
     value = await conn.fetchval(
@@ -180,8 +181,10 @@ async def accrued(
 ) -> Decimal:
     """The cost so far of the budget's allocations that are granted and not billed yet
     (running; not one whose own runner said it failed through the platform, ``OWN_REPORT``:
-    the platform pays for it), within the month and up to ``now``, priced by the book as their bill will be
-    (GPUs, CPUs and memory);
+    the platform pays for it), within the month and up to ``now``, but never past the
+    latest end of its bill (``billed_until``: its grant plus its job's
+    ``max_runtime_seconds`` and the kill grace, ``worst_case.billed_until``; the scheduler
+    releases it no later), priced by the book as their bill will be (GPUs, CPUs and memory);
     0 for an allocation of a flavor without a price (its release will be dead-lettered)."""
     return (await _accrual(conn, budget, month, now))[0]
 
@@ -200,7 +203,8 @@ async def _accrual(
     if end <= month:
         return Decimal(0), []
     rows = await conn.fetch(
-        f"""SELECT a.allocation_id, a.gpu_flavor, a.gpus, a.cpus, a.memory_gib, a.granted_at
+        f"""SELECT a.allocation_id, a.gpu_flavor, a.gpus, a.cpus, a.memory_gib, a.granted_at,
+                  a.billed_until
            FROM announced_allocations a
            WHERE a.team = $1 AND ($2::text IS NULL OR a.project = $2) AND a.granted_at < $3
              AND NOT EXISTS (SELECT 1 FROM usage_ledger u
@@ -218,12 +222,21 @@ async def _accrual(
     total = Decimal(0)
     ids = []
     for r in rows:
+        start = max(r["granted_at"], month)
+        # No further than its bill can reach: the scheduler releases it by then, however
+        # long it is held after (migration 0021; NULL, announced before it: up to ``end``).
+        until = end if r["billed_until"] is None else min(end, r["billed_until"])
+        if until <= start:
+            # Its bill ends before this month: nothing more of it is spent in it, and a
+            # reservation counts none of it as still to come (``accruing``).
+            ids.append(r["allocation_id"])
+            continue
         try:
             segments = book.segments(
                 r["gpu_flavor"],
                 r["gpus"],
-                max(r["granted_at"], month),
-                end,
+                start,
+                until,
                 cpus=r["cpus"],
                 memory_gib=r["memory_gib"],
             )

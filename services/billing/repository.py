@@ -12,6 +12,7 @@ import asyncpg
 from trainyard_platform.services.billing.domain import Usage
 from trainyard_platform.services.billing.waste_rollups import OWN_REPORT
 from trainyard_platform.shared.events.payloads import AllocationGranted
+from trainyard_platform.shared.worst_case import billed_until
 
 Row = Mapping[str, Any]
 """A fetched record (asyncpg.Record), read by column name."""
@@ -62,13 +63,16 @@ async def insert_announced(
     conn: asyncpg.Connection, grant: AllocationGranted, event_id: str, now: datetime
 ) -> bool:
     """Remember an allocation the scheduler announced, with the CPUs and memory it holds
-    (its GPUs x the spec's per-GPU amounts); False when it was known already."""
+    (its GPUs x the spec's per-GPU amounts) and the latest end of its bill
+    (``worst_case.billed_until``: the scheduler releases it no later); False when it was
+    known already."""
     inserted = await conn.fetchval(
         """INSERT INTO announced_allocations (allocation_id, job_id, node_id, team, user_name,
                                               gpu_flavor, gpus, granted_at, event_id,
                                               recorded_at, project, queue, attempt, epoch,
-                                              cpus, memory_gib)
-           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
+                                              cpus, memory_gib, billed_until)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16,
+                   $17)
            ON CONFLICT (allocation_id) DO NOTHING RETURNING true""",
         grant.allocation_id,
         grant.job_id,
@@ -86,6 +90,7 @@ async def insert_announced(
         grant.epoch,
         len(grant.gpu_indices) * grant.spec.cpus_per_gpu,
         len(grant.gpu_indices) * grant.spec.memory_gib_per_gpu,
+        billed_until(grant.granted_at, grant.spec.max_runtime_seconds),
     )
     return bool(inserted)
 

@@ -18,7 +18,15 @@ Contract:
   at the wait it is in (earlier launches, a fenced job's exit, the object store, the
   install): it ends at once with ``job.preempted`` and the stop's reason (``cancelled``
   too), never having started; the slot and sandbox are freed once the work in a thread it
-  no longer waits for returns. A revocation that comes while the process is being
+  no longer waits for returns. So does its deadline: the attempt's ``max_runtime_seconds``
+  runs from its grant (``deadline``: its ``granted_at``, within a minute before its
+  receipt), its preparation included but for the platform's own waits (for earlier
+  launches and fenced jobs on its GPUs, for the object store: its requests and an
+  outage's retries), which move it. A launch whose deadline passes stops at the wait it is
+  in, the git or installer command it runs killed, and ends with ``job.failed``
+  (``max_runtime``, not restarted, no fault of this node's), the reason naming
+  ``max_runtime_seconds`` and the phase that ran out; a job that starts runs only what is
+  left of it. A revocation that comes while the process is being
   spawned stops the job as soon as it runs. A runner that dies during a launch reports it
   lost at its next start.
   A background task supervises the process, from its spawn on: one whose process group
@@ -78,7 +86,8 @@ import itertools
 import logging
 import random
 import socket
-from collections.abc import Awaitable
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TypeVar, overload
@@ -96,6 +105,7 @@ from trainyard_platform.services.runner import (
 )
 from trainyard_platform.services.runner.cgroups import NodeCgroups, runner_folder
 from trainyard_platform.services.runner.config import JOB_SLOTS, Settings
+from trainyard_platform.services.runner.deadline import AttemptDeadline
 from trainyard_platform.services.runner.domain import JobIdentity, StopRequest
 from trainyard_platform.services.runner.environments import (
     EnvironmentBuildError,
@@ -103,6 +113,7 @@ from trainyard_platform.services.runner.environments import (
     EnvironmentLease,
     job_interpreter,
 )
+from trainyard_platform.services.runner.git_remote import installed_git, unpinned_git
 from trainyard_platform.services.runner.gpus import GpuInventory, GpuUsage
 from trainyard_platform.services.runner.ledger import Ledger, LedgerEntry, safe_file_name
 from trainyard_platform.services.runner.node_faults import node_fault
@@ -157,8 +168,11 @@ class NodeAgent:
         store: ObjectStore,
         gpus: GpuInventory,
         stop: asyncio.Event,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.settings = settings
+        self.clock = clock
+        """The monotonic clock of the attempts' deadlines (``deadline``)."""
         self.gpus = gpus
         self._bus = bus
         self._store = store
@@ -289,6 +303,9 @@ class NodeAgent:
                 "namespace), so a job reaches every port of the host; "
                 "TRAINYARD_RUNNER_JOB_NETWORK=host says this is intended"
             )
+        unpinned = unpinned_git(installed_git())  # learnt once, here at the start
+        if unpinned is not None:
+            log.error("every job with git code will fail on this node: %s", unpinned)
         uids = self.job_uids
         killed = kill_leftovers(uids, groups, [e.allocation_id for e in unfinished])
         if killed:
@@ -328,6 +345,7 @@ class NodeAgent:
         (GPUs to free, its code and checkpoint from the object store, its environment) to
         a task of its own. Nothing here waits on the object store or on another job, so the
         node's consumer goes on to its next grant or revocation at once."""
+        received_at = datetime.now(UTC)
         if grant.node_id != self.node_id:
             log.warning("ignoring allocation %s for node %s", grant.allocation_id, grant.node_id)
             return
@@ -341,7 +359,11 @@ class NodeAgent:
             return
         # In flight from here until its job runs or it ended unrun: a drain waits for it,
         # and heartbeats list it (``running_allocations``), already while it is accepted.
-        launching = _Launch(grant.epoch, frozenset(grant.gpu_indices))
+        # The attempt's max_runtime_seconds runs from its grant, preparation included.
+        deadline = AttemptDeadline.from_grant(
+            grant.granted_at, received_at, grant.spec.max_runtime_seconds, self.clock
+        )
+        launching = _Launch(grant.epoch, frozenset(grant.gpu_indices), deadline)
         self._launches[grant.allocation_id] = launching
         try:
             accepted = await self._accept(grant)
@@ -447,24 +469,59 @@ class NodeAgent:
         launches on its GPUs and for the jobs it fences, take a slot, fetch its code and
         checkpoint (an object store away is waited out here), build its environment, spawn
         its process. A revocation or the drain (``_Launch.stop``) ends it unrun at any
-        of these waits. Whatever stops it, the allocation ends."""
+        of these waits, and so does its deadline (``deadline``: what it runs in threads
+        too, their child processes killed at it). Whatever stops it, the allocation ends."""
         grant, job = accepted.grant, accepted.job
         try:
             with job_scope(job.job_id):
                 try:
-                    prepared = await self._prepare(accepted, launching)
+                    # The preparation's threads (git, the installer) run under the deadline;
+                    # the job's supervision, a task started after it, does not.
+                    with launching.deadline.applies():
+                        prepared = await self._prepare(accepted, launching)
                 except _LaunchStopped:
                     await self._end_unrun(accepted, launching)
                     return
                 if prepared is None:
                     return
                 self._leases[grant.allocation_id] = prepared.environment_lease
-                await self._launch(grant, job, prepared, accepted.events, accepted.trace_headers)
+                await self._launch(
+                    grant,
+                    job,
+                    prepared,
+                    accepted.events,
+                    accepted.trace_headers,
+                    launching.deadline,
+                )
                 run = self._runs.get(job.allocation_id)
                 if run is not None and launching.revoked is not None:
                     run.request_stop(*launching.revoked)
+        except Exception as exc:
+            await self._launch_broke(accepted, exc)
         finally:
             self._launch_ended(grant.allocation_id)
+
+    async def _launch_broke(self, accepted: _Accepted, exc: Exception) -> None:
+        """End an allocation whose launch raised what none of its steps expected (a defect,
+        or a failure with no verdict of its own): a launch that ended without saying so
+        left its allocation live for ever, the job RUNNING to the platform and its GPUs
+        held, since nothing else ends an allocation whose runner stays up. Said as the
+        platform's failure (the job is retried), never the node's fault nor the job's; a
+        job already spawned is left to its supervision, which ends it."""
+        job = accepted.job
+        log.exception("allocation %s: its launch failed unexpectedly", job.allocation_id)
+        if job.allocation_id in self._runs:
+            return
+        await self._failed_to_start(
+            job,
+            # Its text stays in this node's log: it may name the node's own services.
+            f"the runner of node {self.settings.node_id} could not launch the job (an "
+            f"internal error, {type(exc).__name__}, in its log); the platform retries it",
+            accepted.events,
+            accepted.trace_headers,
+            "platform_error",
+            node_fault=False,
+        )
 
     async def _prepare(self, accepted: _Accepted, launching: _Launch) -> launch.Prepared | None:
         """Everything of a launch before its spawn; None when the allocation ended (unrun,
@@ -472,8 +529,10 @@ class NodeAgent:
         grant, job, events = accepted.grant, accepted.job, accepted.events
         trace_headers = accepted.trace_headers
         # A launch in flight on one of its GPUs goes first: only a job that runs can be
-        # fenced (``_gpus_freed``), and two launches must never share a GPU.
-        await launching.unless_stopped(self._launched_on(launching.gpus, grant.allocation_id))
+        # fenced (``_gpus_freed``), and two launches must never share a GPU. The platform's
+        # queue, not the job's time.
+        with launching.deadline.platform():
+            await launching.unless_stopped(self._launched_on(launching.gpus, grant.allocation_id))
         if not await self._gpus_freed(grant, launching):
             return None
         problem = launch.cannot_run(grant, self.gpus)
@@ -493,23 +552,25 @@ class NodeAgent:
             await end_allocation(job, payload, events, self._ledger, trace_headers)
             return None
         self._slots[grant.allocation_id] = slot
-        fetched = await self._fetch(accepted, launching, slot)
+        with launching.deadline.phase("fetching the job's code"):
+            fetched = await self._fetch(accepted, launching, slot)
         if fetched is None:
             return None
         try:
             # Minutes, maybe (an environment installed): a stop does not wait for it.
-            return await launching.unless_stopped(
-                asyncio.to_thread(
-                    launch.prepare,
-                    grant,
-                    self.settings,
-                    fetched,
-                    self.gpus,
-                    self._environments,
-                    trace_headers,
-                ),
-                runs_on=True,
-            )
+            with launching.deadline.phase("building the job's environment"):
+                return await launching.unless_stopped(
+                    asyncio.to_thread(
+                        launch.prepare,
+                        grant,
+                        self.settings,
+                        fetched,
+                        self.gpus,
+                        self._environments,
+                        trace_headers,
+                    ),
+                    runs_on=True,
+                )
         except _LaunchStopped:
             raise
         except Exception as exc:  # PlatformError, or anything else: it cannot start
@@ -531,7 +592,9 @@ class NodeAgent:
         """The job's sandbox, code and checkpoint; None when the allocation ended. An object
         store away (``infrastructure_fault``) is waited out here, with capped back-off, for
         as long as it lasts or until the launch is stopped: the job did nothing wrong, and
-        only this launch waits. Any other failure, this node's full disk included
+        only this launch waits (the platform's time, not the job's: ``launch.fetch`` holds
+        the deadline in each request to the store, and the back-off is held here). Any
+        other failure, this node's full disk included
         (``node_faults``), ends the allocation at once (``platform_error``, which the
         scheduler retries, elsewhere maybe; ``user_error`` for the job's own input)."""
         grant, job = accepted.grant, accepted.job
@@ -567,7 +630,8 @@ class NodeAgent:
                         await asyncio.to_thread(self._discard_sandbox, job.allocation_id)
                         pause = delay * random.uniform(0.5, 1.0)
                         delay = min(delay * 2, _FETCH_RETRY_MAX_S)
-                        await launching.unless_stopped(asyncio.sleep(pause))
+                        with launching.deadline.platform():
+                            await launching.unless_stopped(asyncio.sleep(pause))
                         continue
                     log.exception("fetching allocation %s failed", job.allocation_id)
                 reason = (
@@ -588,15 +652,21 @@ class NodeAgent:
             return fetched
 
     async def _end_unrun(self, accepted: _Accepted, launching: _Launch) -> None:
-        """End an allocation whose launch was stopped before its job ran: ``job.preempted``
-        with the stop's reason (a cancel's, a preemption's, the drain's), said at once. Its
-        slot and sandbox are freed once the work it no longer waits for (a download, an
-        install, in a thread) has returned."""
+        """End an allocation whose launch was stopped before its job ran, said at once:
+        ``job.preempted`` with the stop's reason (a cancel's, a preemption's, the drain's),
+        or, stopped by its deadline, ``job.failed`` as ``max_runtime`` (the job's own time
+        ran out: ``deadline``), no fault of this node's. Its slot and sandbox are freed once
+        the work it no longer waits for (a download, an install, in a thread) has
+        returned."""
         job = accepted.job
         assert launching.revoked is not None
         request, _grace = launching.revoked
         log.info("allocation %s stopped before its job ran: %s", job.allocation_id, request.reason)
-        outcome = domain.Outcome("preempted", request.reason, None)
+        outcome = (
+            domain.Outcome("failed", request.reason, None, "max_runtime")
+            if request.kind == "max_runtime"
+            else domain.Outcome("preempted", request.reason, None)
+        )
         payload = domain.terminal_event(
             job, outcome, domain.JobResults({}, None, ""), datetime.now(UTC)
         )
@@ -654,7 +724,8 @@ class NodeAgent:
             )
             run.request_stop(StopRequest("revoked", "fenced"), self.settings.kill_grace_seconds)
         if holders:
-            await launching.unless_stopped(asyncio.gather(*(run.exited() for run in holders)))
+            with launching.deadline.platform():  # the platform's queue, not the job's time
+                await launching.unless_stopped(asyncio.gather(*(run.exited() for run in holders)))
         return True
 
     def _free_slot(self) -> int | None:
@@ -698,6 +769,7 @@ class NodeAgent:
         prepared: launch.Prepared,
         events: JobEvents,
         trace_headers: dict[str, str],
+        deadline: AttemptDeadline,
     ) -> None:
         log_path = launch.job_log_path(self.settings.work_dir, job.job_id, job.allocation_id)
         run = JobRun(
@@ -776,15 +848,15 @@ class NodeAgent:
             # written (its end is written after it): a process is never left running
             # unwatched until the runner restarts.
             background.start(
-                self._supervise(run, grant.spec.max_runtime_seconds),
+                self._supervise(run, deadline),
                 f"the supervision of allocation {job.allocation_id}",
                 job.job_id,
                 self._supervisors,
             )
 
-    async def _supervise(self, run: JobRun, max_runtime_s: int) -> None:
+    async def _supervise(self, run: JobRun, deadline: AttemptDeadline) -> None:
         try:
-            await run.supervise(max_runtime_s, self.settings.kill_grace_seconds)
+            await run.supervise(deadline, self.settings.kill_grace_seconds)
         except Exception:
             # The terminal event stays in the ledger (or the launch does) for the next start.
             log.exception("supervising allocation %s failed", run.job.allocation_id)
@@ -921,6 +993,11 @@ _FETCH_RETRY_MAX_S = 30.0
 """The back-off between fetches of a launch while the object store is away."""
 
 
+_HELD_POLL_S = 1.0
+"""How often a launch's wait looks at its deadline while the platform holds it up (the
+deadline moves meanwhile, maybe from a thread)."""
+
+
 class _LaunchStopped(Exception):
     """The launch was stopped (``_Launch.stop``) while it waited: it ends unrun."""
 
@@ -931,10 +1008,13 @@ class _Launch:
 
     epoch: int
     gpus: frozenset[int]
+    deadline: AttemptDeadline
+    """The attempt's ``max_runtime_seconds``, from its grant (``deadline``)."""
     done: asyncio.Event = field(default_factory=asyncio.Event)
     """Set once its job runs, or it ended unrun."""
     revoked: tuple[StopRequest, float] | None = None
-    """The first stop asked during the launch (a revocation, the drain) and its grace."""
+    """The first stop asked during the launch (a revocation, the drain, its deadline) and
+    its grace."""
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     """Set with ``revoked``: wakes the wait the launch is in."""
     running_on: set[asyncio.Future[object]] = field(default_factory=set)
@@ -948,13 +1028,24 @@ class _Launch:
 
     async def unless_stopped(self, work: Awaitable[_T], *, runs_on: bool = False) -> _T:
         """``work``'s result, or ``_LaunchStopped`` as soon as the launch is stopped (also
-        when it was stopped already). Work that cannot be interrupted (``runs_on``: a
-        thread) is then kept in ``running_on``, whatever it returns handed to
-        ``left_running``; any other is cancelled."""
+        when it was stopped already), its deadline passed included (``max_runtime``, the
+        reason naming the phase: ``AttemptDeadline.ran_out``), also when the work is done.
+        Work that cannot be interrupted (``runs_on``: a thread) is then kept in
+        ``running_on``, whatever it returns handed to ``left_running``; any other is
+        cancelled."""
         task = asyncio.ensure_future(work)
         stopper = asyncio.ensure_future(self.stopping.wait())
         try:
-            await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            while True:
+                if self.deadline.expired():
+                    self.stop(StopRequest("max_runtime", self.deadline.ran_out()), 0.0)
+                if task.done() or self.stopping.is_set():
+                    break
+                await asyncio.wait(
+                    {task, stopper},
+                    timeout=_HELD_POLL_S if self.deadline.held else self.deadline.remaining(),
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
         except asyncio.CancelledError:
             if not runs_on:
                 task.cancel()

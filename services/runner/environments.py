@@ -161,6 +161,7 @@ from types import TracebackType
 from typing import Literal
 
 from trainyard_platform.services.runner import disk_watch
+from trainyard_platform.services.runner.deadline import cap_timeout
 from trainyard_platform.services.runner.git_remote import PUBLIC_ONLY, PrivateAllowed
 from trainyard_platform.services.runner.wheels import (
     MAX_WHEEL_BYTES,
@@ -169,6 +170,9 @@ from trainyard_platform.services.runner.wheels import (
     WheelUnreachable,
     fetch_wheel,
     refuse_direct_references,
+)
+from trainyard_platform.services.runner.wheels import (
+    TIMEOUT_S as WHEEL_READ_TIMEOUT_S,
 )
 from trainyard_platform.shared.requirements import (
     WHEEL_URL,
@@ -792,7 +796,9 @@ class EnvironmentCache:
                     own,
                     self.fetch_allowed,
                     max_bytes=bytes_left,
-                    deadline=left,
+                    # A launch's deadline stops the download too, as the installer's.
+                    timeout=max(0.1, cap_timeout(WHEEL_READ_TIMEOUT_S)),
+                    deadline=cap_timeout(left),
                 )
                 refuse_direct_references(path)
             except WheelTooLarge as exc:
@@ -918,7 +924,8 @@ class EnvironmentCache:
                 errors="replace",
                 env=env,
                 cwd=self.root if self.root.is_dir() else None,
-                timeout=self.timeout,
+                # A launch's deadline stops the build too (``deadline.cap_timeout``).
+                timeout=cap_timeout(self.timeout),
                 umask=0o022,
                 check=False,
             )

@@ -8,11 +8,11 @@ retried): a commit the repository lacks, no repository there, one that asks for
 credentials, a redirect (never followed: ``git_remote``), a transport git refuses. Everything else may pass and is the platform's
 (``platform_error``, retried), its reason naming the field all the same.
 
-A host that does not resolve stays the platform's: from git's words (curl's "Could not
-resolve host", git://'s "unable to look up") a mistyped host and a node whose resolver
-cannot reach the internet answer the same, NXDOMAIN included (a node with filtered DNS says
-"Name or service not known" of every public name), so calling it the job's fault would
-fail good jobs for good on such a node. Its reason says both readings.
+A host that git says does not resolve stays the platform's: curl says "Could not resolve
+host" of a name that does not exist and of a resolver that failed alike. The runner looks
+the host up itself before git runs and tells the two apart there (``git_remote.lookup``: a
+name that does not exist is the job's input), then holds git to the address it found: git
+looking a host up again is nothing the job's spec did. Its reason says both readings.
 
 None of what follows the repository is held against the node (``node``: the node's cordon,
 ``sandbox.NodeFault``): the repository, its host and its server are the tenant's choice, a
@@ -52,8 +52,8 @@ UNRESOLVED = (
     "its host name did not resolve from this node (mistyped, or this node's DNS "
     "failing: the two look the same, so it is retried as the platform's)"
 )
-"""What a host that does not resolve is said to be, by git or by the runner's own lookup
-before it (``git_remote``)."""
+"""What a host git says does not resolve is said to be (the runner's own lookup before it
+tells more: ``git_remote.lookup``)."""
 
 _FAULTS: tuple[tuple[re.Pattern[str], str, str, bool], ...] = tuple(
     (re.compile(pattern, re.IGNORECASE), field, what, job_input)

@@ -14,18 +14,22 @@ answered. So, before git runs (``fetch_plan``):
   repository), so an ssh fetch could never succeed. A path, ``file://``, ``http://`` and
   git's remote helpers (``ext::<command>``, ``fd::``) are refused too, and git is held to
   the same list by ``-c protocol.allow=never`` with ``protocol.<name>.allow=always`` for
-  those two, on its command line, where no repository's config can change it. So is what
-  git would read otherwise than this judgement: whitespace, a control character or one
-  beyond ASCII (which ``urlsplit`` drops or lowers to ASCII), port 0, an IPv6 zone.
+  those two, on its command line, where no repository's config can change it. The host is
+  read as the submission API reads it (``shared.url_hosts``): what git, curl and this
+  judgement could read differently is refused (whitespace, a character beyond ASCII, a
+  percent-escape, a host ending in a number that is no address such as ``127.0.0.1.``, port
+  0, an IPv6 zone).
 * The host is resolved once, here; every address it resolves to must be globally routable
   (``shared.public_addresses``: not loopback, private, link-local, shared CGNAT, unique-local,
   site-local, multicast, unspecified, documentation or otherwise reserved, nor an IPv6 form
   carrying such an IPv4 address: mapped, NAT64, 6to4), unless the operator allows it
   (``Settings.fetch_allow_private``: networks and host names, for a company's own git server).
 * git then connects to the first address it was judged by, never to a second lookup's
-  answer (DNS rebinding): https through ``http.curloptResolve``, git:// by naming the address
-  itself in the URL (its ``host=`` then names the address), even when the URL names an
-  address, whose host git takes apart itself. https follows no redirect
+  answer (DNS rebinding): https through ``http.curloptResolve`` (git 2.37 or later: an
+  older git ignores it, so a runner with one fetches no git code, ``unpinned_git``), git://
+  by naming the address itself in the URL, even when the URL names an address, whose host
+  git takes apart itself; its ``host=`` still names the host written
+  (``GIT_OVERRIDE_VIRTUAL_HOST``), for a daemon that serves several. https follows no redirect
   (``http.followRedirects=false``): a redirect's target is never judged, so a repository
   that moved is named where it now is.
 
@@ -35,37 +39,35 @@ wheel URLs, which the runner downloads in the host's network too
 downloads one, connected to the address judged and following no redirect).
 
 A refusal is the job's own input (the same on any node): ``JobInputError`` naming
-``spec.code.repository`` and why. A host that does not resolve is retried as the platform's,
-as when git says so (``git_faults``).
+``spec.code.repository`` and why. So is a host that does not exist (``HostNotFound``: the
+resolver answers there is no such name or no address for it); one the resolver fails to
+look up just now (``HostUnresolved``) is retried as the platform's, as when git says so
+(``git_faults``).
 """
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 import socket
+import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from urllib.parse import SplitResult, urlsplit
+from typing import Final
+from urllib.parse import urlsplit
 
 from trainyard_platform.shared.public_addresses import (
-    NOT_PRINTABLE_ASCII,
     IPAddress,
     address_problem,
     literal_address,
 )
+from trainyard_platform.shared.url_hosts import GIT_SCHEMES, HOST_NAME, read_url
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
-TRANSPORTS = ("https", "git")
+TRANSPORTS = tuple(GIT_SCHEMES)
 """The URL schemes a job's repository may use (git's protocol names too)."""
-DEFAULT_PORTS = {"https": 443, "git": 9418}
-
-_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
-HOST_NAME = re.compile(rf"{_LABEL}(?:\.{_LABEL})*\.?")
-"""A DNS host name (letters, digits, ``-`` and dots; a final dot allowed): anything else in a
-host (``%``-escapes, ``@``, spaces) is refused rather than left for git's parser and the
-resolver's to read differently."""
 
 SSH_SCHEMES = ("ssh", "git+ssh", "ssh+git")
 """The URL schemes git fetches by ssh."""
@@ -82,8 +84,25 @@ class RemoteRefused(ValueError):
 
 
 class HostUnresolved(OSError):
-    """The repository's host did not resolve from this node (mistyped, or the node's DNS
-    failing: the platform's to retry)."""
+    """The host could not be looked up from this node just now: its resolver failed, timed
+    out or could not be reached (``EAI_AGAIN`` and the like). The platform's, retried; the
+    message names the host and says so, nothing of the node's resolver."""
+
+
+class HostNotFound(HostUnresolved):
+    """The host does not exist: the resolver answered that there is no such name
+    (NXDOMAIN: ``EAI_NONAME``), no address for it (``EAI_NODATA``, ``EAI_ADDRFAMILY``, or an
+    empty answer), or it is no name DNS can hold. The job's own input (``user_error``, not
+    retried): every node's resolver answers the same."""
+
+
+NO_SUCH_HOST: Final = frozenset(
+    getattr(socket, name)
+    for name in ("EAI_NONAME", "EAI_NODATA", "EAI_ADDRFAMILY")
+    if hasattr(socket, name)
+)
+"""The ``getaddrinfo`` errors that answer the name itself (``HostNotFound``); any other
+(``EAI_AGAIN``, ``EAI_FAIL``, ``EAI_SYSTEM``, ...) is a resolver failing (``HostUnresolved``)."""
 
 
 @dataclass(frozen=True)
@@ -93,7 +112,7 @@ class Remote:
     transport: str
     """``https`` or ``git``."""
     host: str
-    """As written, without brackets."""
+    """As written, in lower case, without brackets (``shared.url_hosts.UrlHost.host``)."""
     port: int
 
 
@@ -104,6 +123,8 @@ class FetchPlan:
 
     url: str
     options: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    """What git's environment holds besides (``GIT_OVERRIDE_VIRTUAL_HOST`` for git://)."""
 
 
 @dataclass(frozen=True)
@@ -158,37 +179,18 @@ def allow_entry(entry: str) -> IPNetwork | str:
 
 
 def parse_remote(repository: str) -> Remote:
-    """``repository`` as a remote of one of ``TRANSPORTS``, else ``RemoteRefused``."""
+    """``repository`` as a remote of one of ``TRANSPORTS``, its host read as the submission
+    API reads it (``shared.url_hosts.read_url``), else ``RemoteRefused``."""
     if repository.partition("://")[0] in SSH_SCHEMES or _SCP.match(repository):
         raise RemoteRefused(_NO_SSH)
-    if "://" in repository:
-        if repository.partition("://")[0] not in TRANSPORTS:
-            raise RemoteRefused(_ONLY)
-        _printable_ascii(repository)
-        try:
-            url: SplitResult = urlsplit(repository)
-            port = url.port
-        except ValueError as exc:
-            raise RemoteRefused(f"is not a URL git may fetch ({exc})") from None
-        if url.scheme not in TRANSPORTS:
-            raise RemoteRefused(_ONLY)
-        host = url.hostname or ""
-        bracketed = url.netloc.rpartition("@")[2].startswith("[")
-        if not _host_ok(host, bracketed):
-            raise RemoteRefused(f"names no host this node fetches from ({host!r})")
-        if port == 0:
-            # curl would connect to port 0 of a lookup of its own, not to the address pinned
-            # for the port judged (the default's).
-            raise RemoteRefused("names the port 0, which is no port: 1 to 65535")
-        return Remote(url.scheme, host, port or DEFAULT_PORTS[url.scheme])
-    raise RemoteRefused(_ONLY)  # a path, file:, or a remote helper (``ext::``)
-
-
-def _printable_ascii(repository: str) -> None:
-    # urlsplit drops tabs and line breaks and lowers the Kelvin sign of ``\u212aey.example``
-    # to an ASCII k: what it read would not be what git is given.
-    if NOT_PRINTABLE_ASCII.search(repository):
-        raise RemoteRefused("holds whitespace, a control character or a character beyond ASCII")
+    # git takes a scheme as written (``HTTPS://`` names a remote helper of its own).
+    if repository.partition("://")[0] not in TRANSPORTS or "://" not in repository:
+        raise RemoteRefused(_ONLY)  # a path, file:, or a remote helper (``ext::``)
+    try:
+        url = read_url(repository, GIT_SCHEMES, "is not a URL git may fetch")
+    except ValueError as exc:
+        raise RemoteRefused(str(exc)) from None
+    return Remote(url.scheme, url.host, url.port)
 
 
 _ONLY = (
@@ -202,29 +204,37 @@ _NO_SSH = (
 )
 
 
-def _host_ok(host: str, bracketed: bool) -> bool:
-    if bracketed:
-        try:
-            address = ipaddress.ip_address(host)
-        except ValueError:
-            return False
-        # No zone (``fe80::1%eth0``): it names one of this node's interfaces, and takes any
-        # text.
-        return isinstance(address, ipaddress.IPv6Address) and address.scope_id is None
-    return bool(HOST_NAME.fullmatch(host))
-
-
 Resolver = Callable[[str, int], list[str]]
 
 
 def resolve(host: str, port: int) -> list[str]:
-    """The addresses ``host`` resolves to for a TCP connection, in the resolver's order;
-    ``HostUnresolved`` when it does not."""
-    try:
-        answers = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except (socket.gaierror, UnicodeError) as exc:
-        raise HostUnresolved(str(exc)) from None
+    """The addresses ``host`` resolves to for a TCP connection, in the resolver's order
+    (``socket.gaierror`` when it does not: ``lookup`` tells whose failure it is)."""
+    answers = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     return [str(answer[4][0]) for answer in answers]
+
+
+def lookup(host: str, port: int, resolver: Resolver | None = None) -> list[str]:
+    """The addresses ``resolver`` (``resolve`` by default) answers for ``host``;
+    ``HostNotFound`` when it answers that the host does not exist or has no address,
+    ``HostUnresolved`` when it fails otherwise (its own failure: retried)."""
+    try:
+        answers = (resolver or resolve)(host, port)
+    except socket.gaierror as exc:
+        if exc.errno in NO_SUCH_HOST:
+            raise HostNotFound(
+                f"the host {host} does not exist in DNS (no such name, or no address for "
+                "it): check its spelling"
+            ) from None
+        raise HostUnresolved(
+            f"the host {host} could not be looked up from this node just now (its DNS "
+            "failed or did not answer in time)"
+        ) from None
+    except UnicodeError:  # the idna codec's refusal: a label empty or too long
+        raise HostNotFound(f"the host {host} is no name DNS can hold") from None
+    if not answers:
+        raise HostNotFound(f"the host {host} has no address in DNS: check its spelling")
+    return answers
 
 
 def fetch_plan(
@@ -233,7 +243,8 @@ def fetch_plan(
     """How git fetches ``repository`` from this node: refused (``RemoteRefused``) unless it
     is of one of ``TRANSPORTS`` and every address its host resolves to is public or
     ``allowed``; else the URL and options that hold git to the transports and
-    to the first address judged (``HostUnresolved`` when the host does not resolve)."""
+    to the first address judged (``HostNotFound`` or ``HostUnresolved`` when the host does
+    not resolve: ``lookup``)."""
     remote = parse_remote(repository)
     addresses, literal = judged_addresses(remote.host, remote.port, allowed, "code", resolver)
     return _pinned(repository, remote, addresses[0], literal)
@@ -245,17 +256,14 @@ def judged_addresses(
     """The addresses ``host`` is (written as an address: looked nothing up) or resolves to
     for ``port``, and whether it was written as one: ``RemoteRefused`` unless every one is
     public or ``allowed`` (the reason says this node fetches ``what`` only from public
-    addresses), ``HostUnresolved`` when it does not resolve. The one judgement of what a
+    addresses), ``HostNotFound`` or ``HostUnresolved`` when it does not resolve (``lookup``). The one judgement of what a
     job makes this node fetch: its git code here, its wheel URLs
     (``launch.check_requirements``)."""
     literal = literal_address(host)
     if literal is not None:
         addresses = [literal]
     else:
-        answers = (resolver or resolve)(host, port)
-        addresses = [_address(text) for text in answers]
-        if not addresses:
-            raise HostUnresolved(f"{host} resolved to no address")
+        addresses = [_address(text) for text in lookup(host, port, resolver)]
     if not allowed.allows_host(host):
         for address in addresses:
             problem = address_problem(address)
@@ -291,6 +299,57 @@ def _pinned(repository: str, remote: Remote, address: IPAddress, literal: bool) 
         return FetchPlan(repository, options)
     # git:// is pinned for an address written out too: git takes its host apart itself,
     # and looks up ``user@8.8.8.8`` of ``git://user@8.8.8.8/`` as a name of its own.
+    # git:// sends ``host=`` from the URL it is given, the address here: the name written
+    # (and port, if written) goes instead, as a virtual-hosting daemon expects.
     url = urlsplit(repository)
     netloc = f"{shown}:{remote.port}"
-    return FetchPlan(url._replace(netloc=netloc).geturl(), options)
+    virtual = {"GIT_OVERRIDE_VIRTUAL_HOST": url.netloc.rpartition("@")[2]}
+    return FetchPlan(url._replace(netloc=netloc).geturl(), options, virtual)
+
+
+GIT_PATH: Final = "/usr/local/bin:/usr/bin:/bin"
+"""The ``PATH`` git runs with, for a job's fetch and for ``installed_git`` alike."""
+
+PINNING_GIT: Final = (2, 37)
+"""The first git that hands ``http.curloptResolve`` to curl: an older one ignores the option
+without a word, and curl looks the host up again (DNS rebinding)."""
+
+
+def git_version(said: str) -> tuple[int, ...] | None:
+    """The version ``git --version`` ``said`` (``git version 2.39.2``, ``git version 2.37.1
+    (Apple Git-137.1)``), None when it said none."""
+    found = re.search(r"git version (\d+)\.(\d+)(?:\.(\d+))?", said)
+    return None if found is None else tuple(int(part or 0) for part in found.groups())
+
+
+@functools.cache
+def installed_git() -> tuple[int, ...] | None:
+    """The version of this node's git, learnt once (at the runner's start, or its first
+    fetch); None when git cannot be run or says no version."""
+    try:
+        result = subprocess.run(
+            ["git", "--version"],
+            capture_output=True,
+            timeout=60,
+            check=False,
+            env={"PATH": GIT_PATH},
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return git_version(result.stdout.decode(errors="replace"))
+
+
+def unpinned_git(version: tuple[int, ...] | None) -> str | None:
+    """Why git of ``version`` (``installed_git``) may fetch no job's code, None when it may:
+    older than ``PINNING_GIT`` it ignores the pin to the address judged, and would fetch
+    from whatever a second lookup answers. The operator's to fix, never the job's."""
+    if version is None:
+        return "git could not be run on this node or did not say its version"
+    if version < PINNING_GIT:
+        shown = ".".join(str(part) for part in version)
+        return (
+            f"this node's git is {shown}, older than 2.37, which ignores http.curloptResolve "
+            "and so would fetch without being held to the address judged: this node fetches "
+            "no git code until its operator installs git 2.37 or later"
+        )
+    return None

@@ -61,6 +61,7 @@ from trainyard_platform.services.runner.cgroups import (
     memory_limit,
 )
 from trainyard_platform.services.runner.config import Settings
+from trainyard_platform.services.runner.deadline import platform_time
 from trainyard_platform.services.runner.domain import TORCHRUN_MODULE
 from trainyard_platform.services.runner.environments import (
     EnvironmentBuildError,
@@ -72,6 +73,7 @@ from trainyard_platform.services.runner.environments import (
     normalize_requirement,
 )
 from trainyard_platform.services.runner.git_remote import (
+    HostNotFound,
     HostUnresolved,
     PrivateAllowed,
     RemoteRefused,
@@ -302,8 +304,9 @@ def check_requirements(
     judgement of a job's git code: the runner downloads it in the host's network, so it
     would ask the node's own services for the tenant, and the error would come back in
     the job's failure reason; the download judges the address again, and connects to the
-    one it judged: ``wheels``). A wheel host that does not resolve is the platform's
-    (``PlatformError``), as a repository's is. Checked before the job's code or checkpoint
+    one it judged: ``wheels``), or that does not exist (``git_remote.HostNotFound``). A
+    wheel host the resolver fails to look up is the platform's (``PlatformError``), as a
+    repository's is. Checked before the job's code or checkpoint
     is downloaded, since a grant may come from an old job or another producer than the API,
     which refuses the rest and a URL written with an address that is not public."""
     for index, requirement in enumerate(requirements):
@@ -324,6 +327,11 @@ def check_requirements(
             raise RequirementsUnmet(
                 f"{field}: requirement {shown!r}: a URL {exc} (refused before the job's code "
                 "was downloaded)"
+            ) from None
+        except HostNotFound as exc:
+            raise RequirementsUnmet(
+                f"{field}: requirement {shown!r}: {exc} (refused before the job's code was "
+                "downloaded)"
             ) from None
         except HostUnresolved as exc:
             raise PlatformError(
@@ -358,14 +366,16 @@ def resume_from(
     could hold it."""
     limit = int(settings.job_disk_gib * disk_watch.GIB) or None
     try:
-        return checkpoints.stage_resume(
-            open_store(store.uri_for(checkpoints.job_prefix(grant.job_id)), settings.storage),
-            grant.resume,
-            staging,
-            limit,
-            job_id=grant.job_id,
-            attempt=grant.attempt,
-        )
+        # The object store's time is the platform's, not the job's (``deadline``).
+        with platform_time():
+            return checkpoints.stage_resume(
+                open_store(store.uri_for(checkpoints.job_prefix(grant.job_id)), settings.storage),
+                grant.resume,
+                staging,
+                limit,
+                job_id=grant.job_id,
+                attempt=grant.attempt,
+            )
     except checkpoints.ResumeTooLarge as exc:
         raise JobInputError(
             f"checkpoint: the job's checkpoint of step {exc.step}, to resume from, is "

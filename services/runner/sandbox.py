@@ -65,21 +65,24 @@ from pathlib import Path
 from trainyard_platform.services.runner import as_uid, orphans
 from trainyard_platform.services.runner.cgroups import JobCgroup
 from trainyard_platform.services.runner.checkpoints import file_sha256
+from trainyard_platform.services.runner.deadline import cap_timeout, platform_time
 from trainyard_platform.services.runner.git_faults import (
     COMMIT,
     REPOSITORY,
-    UNRESOLVED,
-    GitFault,
     git_fault,
     git_not_run,
 )
 from trainyard_platform.services.runner.git_remote import (
+    GIT_PATH,
     PUBLIC_ONLY,
     FetchPlan,
+    HostNotFound,
     HostUnresolved,
     PrivateAllowed,
     RemoteRefused,
     fetch_plan,
+    installed_git,
+    unpinned_git,
 )
 from trainyard_platform.services.runner.netns import enter_own_network
 from trainyard_platform.services.runner.node_faults import NODE_ERRNOS, node_fault
@@ -368,11 +371,14 @@ class AsJob:
         cgroup (``job_preexec``), exactly its environment, stdin closed, in a session (and
         process group) of its own, without a controlling terminal; stdout and stderr
         captured, each up to ``MAX_AS_JOB_OUTPUT_BYTES``.
-        Whatever it leaves running is killed before this returns. Raises ``OSError``,
+        Run in a launch, it is killed at the launch's deadline if ``timeout`` is later
+        (``deadline.cap_timeout``). Whatever it leaves running is killed before this returns.
+        Raises ``OSError``,
         ``subprocess.SubprocessError`` (the process could not join its cgroup or become its
         user), ``subprocess.TimeoutExpired`` like ``subprocess.run``, and ``OutputTooLarge``
         (a ``SubprocessError``) once it has printed more than the bound, its group killed."""
         limit = self.max_processes if self.user.isolated else None
+        timeout = cap_timeout(timeout)  # a launch's deadline kills it too
         try:
             with subprocess.Popen(
                 list(argv),
@@ -572,8 +578,10 @@ def fetch_bundle(
         archive = Path(scratch) / "bundle.tar.gz"
         try:
             # No more than the spec says it holds: a larger object cannot be the bundle it
-            # names, and would take the node's disk before its sha256 said so.
-            store.get_file(key, archive, max_bytes=bundle.size_bytes)
+            # names, and would take the node's disk before its sha256 said so. The
+            # object store's time is the platform's, not the job's (``deadline``).
+            with platform_time():
+                store.get_file(key, archive, max_bytes=bundle.size_bytes)
         except ObjectTooLarge as exc:
             raise JobInputError(
                 f"spec.code.size_bytes: code bundle {bundle.sha256[:12]} is {exc.size} in "
@@ -680,6 +688,7 @@ def checkout_git(
     max_processes: int | None = None,
     cgroup: JobCgroup | None = None,
     private_allowed: PrivateAllowed = PUBLIC_ONLY,
+    git_version: tuple[int, ...] | None = None,
 ) -> None:
     """Fetch ``code.commit`` of ``code.repository`` into ``dest`` (empty) as the job's
     ``user`` (``home`` its HOME), never as the runner: the repository is the tenant's
@@ -691,7 +700,10 @@ def checkout_git(
     budget, not the host's. git runs in the host's network, so before it runs the
     repository is judged and git held to what was judged (``git_remote.fetch_plan``: its
     transport, its host's addresses, public or in ``private_allowed``): one refused fails as
-    the job's input, naming the field and why, and nothing is sent to its host."""
+    the job's input, naming the field and why, and nothing is sent to its host. A git older
+    than 2.37 (``git_version``, this node's by default: ``git_remote.installed_git``) could
+    not be held to the address judged, so nothing is fetched with it (after the judgement: a
+    refused repository is the job's on any node): a ``NodeFault``, the operator's to fix."""
     if code.repository.startswith("-"):
         # The API refuses it, but a grant may come from another producer: given to git
         # fetch, ``--upload-pack=<command>`` runs a command, in the host's network.
@@ -700,16 +712,20 @@ def checkout_git(
             "or a path, never an option of git"
         )
     plan = _fetch_plan(code.repository, private_allowed)
+    unpinned = unpinned_git(git_version or installed_git())
+    if unpinned is not None:
+        raise NodeFault(f"{REPOSITORY}: not fetched: {unpinned}")
     if user.uid is not None and user.gid is not None:
         os.chown(dest, user.uid, user.gid)
     as_job = AsJob(
         user,
         {
-            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "PATH": GIT_PATH,
             "HOME": str(home),
             "LANG": "C.UTF-8",
             "GIT_TERMINAL_PROMPT": "0",
             "GIT_CONFIG_NOSYSTEM": "1",
+            **plan.env,
         },
         max_processes=max_processes,
         cgroup=cgroup,
@@ -752,15 +768,16 @@ def checkout_git(
 
 
 def _fetch_plan(repository: str, private_allowed: PrivateAllowed) -> FetchPlan:
-    """``git_remote.fetch_plan``, its refusal the job's input and a host that does not
-    resolve the platform's (as when git says so), each naming the field."""
+    """``git_remote.fetch_plan``, its refusal and a host that does not exist the job's
+    input, a host the resolver failed to look up the platform's, each naming the field."""
     try:
         return fetch_plan(repository, private_allowed)
     except RemoteRefused as exc:
         raise JobInputError(f"{REPOSITORY}: {repository[:200]!r} {exc}") from None
+    except HostNotFound as exc:
+        raise JobInputError(f"{REPOSITORY}: {repository[:200]!r}: {exc}") from None
     except HostUnresolved as exc:
-        detail = f"resolving the host of {repository} before git fetch: {exc}"
-        raise PlatformError(GitFault(REPOSITORY, UNRESOLVED, False).reason(detail)) from None
+        raise PlatformError(f"{REPOSITORY}: {repository[:200]!r}: {exc}; retried") from None
 
 
 # --- processes left behind -----------------------------------------------------------

@@ -14,7 +14,8 @@ newline and prefixed with its rank (``logstream.rank_lines``). Output is handled
 a time (as read for a job of one process, whose progress bars are not held back; in blocks
 of whole lines, ``process.line_blocks``, for a rank's), never a line at a time: what a
 job's output costs the runner is bounded by its bytes, even past ``max_output_bytes``. A
-stop request (revocation, runner shutdown, max runtime) sends SIGTERM and, after its grace, SIGKILL to
+stop request (revocation, runner shutdown, max runtime: what is left of the job's
+``max_runtime_seconds`` since its grant, ``deadline``) sends SIGTERM and, after its grace, SIGKILL to
 the job's process group; the earliest deadline wins, the first reason is kept. So does a
 job over its disk limit: its sandbox is measured every few seconds (``disk_watch``), and it
 fails as ``user_error`` naming the limit.
@@ -51,6 +52,7 @@ from trainyard_platform.services.runner import (
     orphans,
     usage_metrics,
 )
+from trainyard_platform.services.runner.deadline import AttemptDeadline
 from trainyard_platform.services.runner.domain import (
     JobIdentity,
     JobResults,
@@ -419,8 +421,10 @@ class JobRun:
                 killed,
             )
 
-    async def supervise(self, max_runtime_s: int, kill_grace_s: float) -> domain.Outcome:
-        """Run until the job has exited and its terminal event is published."""
+    async def supervise(self, deadline: AttemptDeadline, kill_grace_s: float) -> domain.Outcome:
+        """Run until the job has exited and its terminal event is published. The job is
+        stopped for its max runtime once ``deadline`` passes: what is left of its
+        ``max_runtime_seconds`` since its grant, not the whole of it."""
         process = self._process
         assert process is not None, "start() first"
         loop = asyncio.get_running_loop()
@@ -439,9 +443,9 @@ class JobRun:
                 )
                 for local_rank, rank in enumerate(self._ranks)
             ]
-        deadline = loop.call_later(
-            max_runtime_s,
-            lambda: self.request_stop(domain.max_runtime_stop(max_runtime_s), kill_grace_s),
+        max_runtime = domain.max_runtime_stop(deadline.max_runtime_s)
+        timer = loop.call_later(
+            deadline.remaining(), lambda: self.request_stop(max_runtime, kill_grace_s)
         )
         disk_watch_task = (
             asyncio.create_task(self._watch_disk(self._disk_limit_bytes, kill_grace_s))
@@ -451,7 +455,7 @@ class JobRun:
         try:
             exit_code = await process.wait()
         finally:
-            deadline.cancel()
+            timer.cancel()
             if disk_watch_task is not None:
                 disk_watch_task.cancel()
             if self._kill_timer is not None:

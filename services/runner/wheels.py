@@ -33,11 +33,12 @@ touching the network for it:
   (``refuse_direct_references``): its dependencies come from the index, by name.
 
 Whose fault a failure is: ``WheelRefused`` (the requirement's, the same on any node: the
-address is refused, a redirect, a 4xx answer other than 408 and 429, a body over the
-bound: ``WheelTooLarge``, a file name that is no wheel's, a digest that does not match, a
-dependency named by URL) and ``WheelUnreachable`` (the platform's, as an unreachable package index is: the host does
-not resolve, the connection fails, is reset or runs out of time, TLS fails, a 5xx, 408 or
-429 answer, a body cut short).
+URL is one ``shared.url_hosts`` refuses, the address is refused, the host does not exist
+(``git_remote.HostNotFound``), a redirect, a 4xx answer other than 408 and 429, a body over
+the bound (``WheelTooLarge``), a file name that is no wheel's, a digest that does not match,
+a dependency named by URL) and ``WheelUnreachable`` (the platform's, as an unreachable
+package index is: the resolver fails to look the host up, the connection fails, is reset or
+runs out of time, TLS fails, a 5xx, 408 or 429 answer, a body cut short).
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ from urllib.parse import unquote, urlsplit
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
 from trainyard_platform.services.runner.git_remote import (
+    HostNotFound,
     HostUnresolved,
     PrivateAllowed,
     RemoteRefused,
@@ -67,6 +69,7 @@ from trainyard_platform.services.runner.git_remote import (
     judged_addresses,
 )
 from trainyard_platform.shared.public_addresses import IPAddress
+from trainyard_platform.shared.url_hosts import WHEEL_SCHEMES, read_url
 
 MAX_WHEEL_BYTES: Final = 4 * 1024**3
 """The largest wheel a job's requirement may name by URL: the bound of a job's unpacked
@@ -153,20 +156,19 @@ def fetch_wheel(
     says; the file's path and its sha256 (hex). ``WheelRefused`` or ``WheelUnreachable``
     when it cannot (see the module docstring); an ``OSError`` of a full disk as it is."""
     try:
-        parts = urlsplit(url)
-        port = parts.port  # ValueError: not a number, or out of range
+        # The host read as the API and the runner's judgement read it (one reader).
+        located = read_url(url, WHEEL_SCHEMES, "is not one the installers read as such")
     except ValueError as exc:
-        raise WheelRefused(f"a URL that cannot be read: {exc}") from None
-    if parts.scheme.lower() != "https" or not parts.hostname:
-        raise WheelRefused("a URL must be an https:// one naming a host")
-    if port == 0:  # not "no port": the connection would go to 443, the judgement too
-        raise WheelRefused("a URL names the port 0, which is no port: 1 to 65535")
+        raise WheelRefused(f"a URL {exc}") from None
+    parts = urlsplit(url)
     name = wheel_file_name(url)
-    host, port = parts.hostname, port or 443
+    host, port = located.host, located.port
     try:
         addresses, _ = judged_addresses(host, port, allowed, "wheels", resolver)
     except RemoteRefused as exc:
         raise WheelRefused(f"a URL {exc}") from None
+    except HostNotFound as exc:  # the tenant's: no such host (``git_remote.lookup``)
+        raise WheelRefused(f"resolving {host}: {exc}") from None
     except HostUnresolved as exc:
         raise WheelUnreachable(f"resolving {host}: {exc}") from None
     path = folder / name

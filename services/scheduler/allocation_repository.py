@@ -159,25 +159,30 @@ async def release_allocations(
     stopping: Collection[str] = (),
     now: datetime | None = None,
     unreported: Mapping[str, float] | None = None,
+    ended: Mapping[str, datetime] | None = None,
 ) -> None:
     """End these allocations, each ``(allocation id, released at, outcome)``, and free their
     GPUs, except those of the allocations in ``stopping`` (their runner has not said their
     processes are gone): their leases stay live, stopping since ``now`` (required with
     ``stopping``), until ``free_stopped``, ``free_unlisted`` or ``free_stopping_on``.
     ``unreported``: the GPU-seconds charged to the team's usage as of ``now`` for each
-    allocation whose runner has not reported its end (migration 0019; ``settle_unreported``)."""
+    allocation whose runner has not reported its end (migration 0019; ``settle_unreported``).
+    ``ended``: when an allocation ended, where that is later than the end of its bill (its
+    release time, ``domain.release_time``): its GPUs' leases end then, when they were
+    really given up, not at the end of the bill (the allocation's ``released_at``)."""
     if not releases:
         return
     unreported = unreported or {}
+    ended = ended or {}
     if (stopping or unreported) and now is None:
         raise ValueError("now: required when some allocations are still stopping")
     await conn.execute(
         "WITH ended AS (SELECT * FROM unnest($1::uuid[], $2::timestamptz[], $3::text[], "
-        "                                    $5::boolean[]) "
-        "               AS e(allocation_id, released_at, outcome, stopping)), "
+        "                                    $5::boolean[], $9::timestamptz[]) "
+        "               AS e(allocation_id, released_at, outcome, stopping, ended_at)), "
         "     leases AS (UPDATE gpu_leases l SET "
         "                  released_at = CASE WHEN ended.stopping THEN NULL "
-        "                                     ELSE ended.released_at END, "
+        "                                     ELSE ended.ended_at END, "
         "                  stopping_since = CASE WHEN ended.stopping THEN $6::timestamptz END "
         "                FROM ended "
         "                WHERE l.allocation_id = ended.allocation_id "
@@ -199,6 +204,7 @@ async def release_allocations(
         now,
         [uuid.UUID(allocation_id) for allocation_id in unreported],
         list(unreported.values()),
+        [ended.get(allocation_id, released_at) for allocation_id, released_at, _ in releases],
     )
 
 
@@ -288,7 +294,10 @@ async def free_unlisted(
     one that does not list the allocation, even one sent before the hold and handled after
     it, was sent by a runner that did not hold it: it had ended it, or had not yet taken its
     grant, and then the revocation behind that grant in its node's stream stops the launch
-    before the job runs (and a newer grant on those GPUs waits for that launch)."""
+    before the job runs (a gang that succeeded revokes none of its other members: the first
+    heartbeat that lists one has it fenced, ``handlers._fence_strays``), and a newer grant
+    on those GPUs waits for that launch and stops the older epoch's job, if it started,
+    before its own runs (``runner.agent``)."""
     listed: list[uuid.UUID] = []
     for raw in running:
         try:

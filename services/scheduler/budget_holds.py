@@ -375,7 +375,8 @@ class _Parsed:
         0: what it may still cost, at prices no higher than the rates); else its whole worst case.
 
         Counted from the start (``started_at``), not the grant: the runner's limit runs
-        from the job's process's start, so a member not started yet may still run all of
+        from the grant, but the platform's own waits before the start move it
+        (``services.runner.deadline``), so a member not started yet may still run all of
         it. What it is billed is counted from the grant and ends by the grant plus its
         worst case (``worst_case.billed_until``), so what this leaves it is never less
         than what it may still be billed (more, by its preparation). A start said before

@@ -10,7 +10,9 @@ Contract:
   at the time its runner (or the last heartbeat) reported, but never later, for its bill
   and its usage, than its grant plus the spec's ``max_runtime_seconds`` and the kill grace
   (``domain.release_time``): no attempt is billed more than the worst case a budget
-  reserves for it (``shared.worst_case``). An attempt that
+  reserves for it (``shared.worst_case``). The GPU leases an ending gives up at once end
+  at the reported time itself (``domain.end_time``; ``gpu_leases.released_at``), later
+  than the bill's end for one held past it: the GPUs were not free before. An attempt that
   failed through the platform (``JobFailed.through_platform``, the rule billing charges by)
   adds nothing to the usage, for any member: a team whose jobs land on a failing node is
   not put back in its queue for the platform's fault. Every other end counts, a lost
@@ -139,6 +141,10 @@ class Ending:
     reported its end (all but a reporting runner's; a lost node's too): kept on the
     allocation until its runner's first late report settles it
     (``refund_late_platform_failure``)."""
+    ended: Mapping[str, datetime] = field(default_factory=dict)
+    """When each allocation ended (``domain.end_time``) where that is after its release
+    for the bill (``releases``, capped by ``domain.release_time``): the end of the GPU
+    leases it gives up at once, which were held until then."""
 
 
 async def end_gang(
@@ -202,11 +208,15 @@ def plan_end(
     # is the platform's to pay, not only the reporter's (billing cannot tell the others),
     # and none of its time is the team's usage either.
     through_platform = kind == "failed" and failed is not None and failed.through_platform
+    ended: dict[str, datetime] = {}
     for allocation in allocations:
         released_at = release_time(
             reported_at, allocation.granted_at, now, job.spec.max_runtime_seconds
         )
         releases.append((allocation.allocation_id, released_at, decision.outcome))
+        ended_at = end_time(reported_at, allocation.granted_at, now)
+        if ended_at > released_at:  # held past the end of its bill
+            ended[allocation.allocation_id] = ended_at
         gpus = len(allocation.gpu_indices)
         if not through_platform:
             charged = gpus * (released_at - allocation.granted_at).total_seconds()
@@ -254,6 +264,7 @@ def plan_end(
         _node_ends(allocations, kind, decision, reporter, failed),
         frozenset(a.allocation_id for a in allocations if a.allocation_id != reporter),
         unreported,
+        ended,
     )
 
 
@@ -314,6 +325,7 @@ async def apply_endings(
         frozenset(a for e in endings for a in e.stopping),
         now,
         {a: charged for e in endings for a, charged in e.unreported.items()},
+        {a: ended_at for e in endings for a, ended_at in e.ended.items()},
     )
     by_team: dict[str, float] = {}
     for ending in endings:

@@ -8,10 +8,13 @@ not got. So a client sending garbage tokens cost a lookup each, without bound.
 
 Contract:
 - Every address given is keyed by ``shared.ratelimit.client_key``: an IPv4 address (an
-  IPv4-mapped IPv6 one as the IPv4 address it carries) by itself, an IPv6 address by its
-  /64 network, so that a host given a /64 cannot spend a fresh bucket with each of its 2^64
-  addresses (all the addresses of one /64 share one bucket, as the users behind one IPv4
-  address do). Below, "the address" is that key.
+  IPv6 one that carries an IPv4 client's address, as IPv4-mapped, 6to4 or NAT64 do, as
+  that IPv4 address) by itself, an IPv6 address by its /64 network, so that a host given a
+  /64 cannot spend a fresh bucket with each of its 2^64 addresses (all the addresses of one
+  /64 share one bucket, as the users behind one IPv4 address do), and what is no IP
+  address (no peer, or a value a trusted peer's ``X-Forwarded-For`` named) as one key for
+  all, so that a client able to write it cannot pick a fresh bucket with each request.
+  Below, "the address" is that key.
 - ``failed(address, token_hash)`` counts a refused authentication (each 401 of the guard)
   against the client address, and forgets that the token was seen valid (below), in a ``shared.ratelimit.RateLimiter`` of ``failed_auth_rate_per_s`` and
   ``failed_auth_burst`` (one mechanism with the users' limits: the same buckets, forgotten

@@ -59,7 +59,7 @@ from trainyard_platform.shared.events.payloads import (
     JobSpec,
 )
 from trainyard_platform.shared.http_errors import FieldError, RequestInvalid, field_errors
-from trainyard_platform.shared.public_addresses import address_problem, literal_address
+from trainyard_platform.shared.public_addresses import address_problem
 from trainyard_platform.shared.requirements import (
     CREDENTIALS_IN_URL,
     has_userinfo,
@@ -67,6 +67,7 @@ from trainyard_platform.shared.requirements import (
     wheel_address_problem,
 )
 from trainyard_platform.shared.suggest import NOT_JOB_FIELDS, unknown_field
+from trainyard_platform.shared.url_hosts import GIT_SCHEMES, read_url
 
 NAME_PATTERN = r"^[A-Za-z0-9._-]{1,100}$"
 PRIORITY_PATTERN = r"^[a-z][a-z0-9-]{0,39}$"
@@ -217,8 +218,9 @@ def _label_key(value: str) -> str:
 def _git_url(value: str) -> str:
     """A repository git may fetch: ``GIT_URL`` (never ssh, ``NO_SSH``: a job fetches
     without keys, never the host's, so an ssh fetch could never succeed), no credentials, a
-    port from 1 to 65535, and a host that, if written as an address, is a public one
-    (``shared.public_addresses``): ``https://10.0.0.5/...`` or ``git://127.0.0.1:4222/``
+    port from 1 to 65535, a host read as the runners read it (``shared.url_hosts``: what
+    programs would read differently, such as ``127.0.0.1.``, is refused saying why), and
+    that, if written as an address, is a public one (``shared.public_addresses``): ``https://10.0.0.5/...`` or ``git://127.0.0.1:4222/``
     could only ever reach the runner's own network. A host name is not judged here: what it resolves to is the runners'
     network's answer, not this service's, so each runner resolves and judges it before it
     fetches (``services.runner.git_remote``), allowing the private networks and names its
@@ -236,8 +238,8 @@ def _git_url(value: str) -> str:
     port = _git_port(value)
     if port is not None and not 0 < port < 65536:
         raise ValueError(f"names the port {port}, which is no port: 1 to 65535")
-    host = _git_host(value)
-    address = literal_address(host)
+    located = read_url(value, GIT_SCHEMES, "is not a URL git may fetch")  # as the runners do
+    host, address = located.host, located.address
     problem = None if address is None else address_problem(address)
     if problem is not None:
         shown = "" if str(address) == host else f" ({address})"
@@ -254,13 +256,6 @@ def _git_port(value: str) -> int | None:
     authority = value.partition("://")[2].split("/", 1)[0]
     port = authority.rpartition("@")[2].partition(":")[2]
     return int(port) if port else None
-
-
-def _git_host(value: str) -> str:
-    """The host of a repository ``GIT_URL`` matched: after ``scheme://`` (and a user),
-    without its port."""
-    authority = value.partition("://")[2].split("/", 1)[0]
-    return authority.rpartition("@")[2].split(":", 1)[0]
 
 
 def _image(value: str) -> str:

@@ -31,6 +31,10 @@ TEAM = "speech"
 """This module's team: the other module's teams and their experiments are not in its lists."""
 TOO_MANY = RUNNER_GPUS + 1
 """GPUs a job asks for that the cluster does not have: it waits for good."""
+MARKUP = '<img src=x onerror="document.title=1">'
+"""Markup in the text people choose (a label, a parameter, a note, what a job prints): shown
+as written, never parsed into an element."""
+MARKUP_EXPERIMENT = "markup-runs"
 
 
 @dataclass
@@ -40,6 +44,9 @@ class Stack:
     operator: str
     waiting: str
     """The id of a job that waits for good (it asks for more GPUs than the cluster has)."""
+    markup: str
+    """The id of a run (of ``MARKUP_EXPERIMENT``) that failed printing ``MARKUP``, with it in
+    its command, a label, a parameter's name and value and its note."""
 
     @property
     def url(self) -> str:
@@ -87,7 +94,45 @@ def small(stack: LocalStack) -> Iterator[Stack]:
             if e["runs"] == 2
         ],
     )
-    yield Stack(stack, token, operator, waiting)
+    # Two runs, so their comparison has a parameter that differs (the one named in markup).
+    markup, plain = (
+        _submit(
+            stack,
+            token,
+            "prints-markup",
+            gpus=1,
+            command=["sh", "-c", f"echo '{MARKUP}'; exit 3"],
+            max_restarts=0,
+            experiment=MARKUP_EXPERIMENT,
+            labels={"origin": MARKUP},
+            hyperparameters={MARKUP: value},
+        )
+        for value in (MARKUP, "plain")
+    )
+    headers = {"Authorization": f"Bearer {token}"}
+    _until(
+        "the run's note",
+        lambda: (
+            httpx.put(
+                f"{stack.service_urls['registry']}/v1/jobs/{markup}/note",
+                json={"note": f"see {MARKUP}"},
+                headers=headers,
+                timeout=10,
+            ).status_code
+            == 200
+        ),
+    )
+    for run in (markup, plain):
+        _until(
+            "the markup runs failed",
+            lambda run=run: (
+                httpx.get(
+                    f"{stack.submission_url}/v1/jobs/{run}", headers=headers, timeout=10
+                ).json()["status"]
+                == "FAILED"
+            ),
+        )
+    yield Stack(stack, token, operator, waiting, markup)
 
 
 def sign_in(driver: Any, small: Stack, route: str = "/jobs", token: str | None = None) -> None:
@@ -125,7 +170,7 @@ def refreshed(driver: Any, selector: str) -> None:
 
 def test_the_keyboard_focus_survives_the_pages_own_refreshes(browser: Any, small: Stack) -> None:
     """The jobs list redraws every 5 s and a living job's page every 3 s: a person who tabbed
-    to a job's link or to "Cancel job" stays there."""
+    to a job's link or to "Cancel job" stays there, and the redrawn list is not announced."""
     driver = browser
     sign_in(driver, small)
     link = wait(
@@ -138,6 +183,12 @@ def test_the_keyboard_focus_survives_the_pages_own_refreshes(browser: Any, small
     assert small.waiting in before
     refreshed(driver, "#jobs table")
     assert focused(driver) == before
+    # Nor does a screen reader read the table out again at each refresh: what a page redraws
+    # is in no live region (the whole page was one, aria-live on <main>).
+    live = "[aria-live], [role=status], [role=alert], [role=log]"
+    assert not driver.execute_script(
+        "return document.querySelector('#jobs').closest(arguments[0])", live
+    )
 
     driver.execute_script("location.hash = arguments[0]", f"/jobs/{small.waiting}")
     cancel = wait(
@@ -149,15 +200,84 @@ def test_the_keyboard_focus_survives_the_pages_own_refreshes(browser: Any, small
     assert not script_errors(driver)
 
 
+def test_markup_in_what_people_write_shows_as_text(browser: Any, small: Stack) -> None:
+    """``MARKUP`` in a run's command, label, parameter, note and output is shown as written on
+    the job's page (its spec, record, failure and logs), the experiment's runs and their
+    comparison: no page makes an element of it (the content policy would also stop its
+    handler; this is the line before it)."""
+    driver = browser
+    sign_in(driver, small, f"/jobs/{small.markup}")
+    wait(driver, "the failure's log", lambda d: MARKUP in d.find_element("id", "logs").text)
+    wait(driver, "the record", lambda d: MARKUP in d.find_element("id", "record").text)
+    wait(
+        driver,
+        "why it failed",
+        lambda d: MARKUP in d.find_element("css selector", ".card.failed").text,
+    )
+    page = driver.find_element("tag name", "main").text
+    for shown in (f"echo '{MARKUP}'", f"origin={MARKUP}", f"{MARKUP}={MARKUP}"):
+        assert shown in page, shown
+    assert not driver.find_elements("css selector", "main img")
+    driver.execute_script("location.hash = '/experiments'")
+    wait(driver, "the list", lambda d: d.find_elements("link text", MARKUP_EXPERIMENT))[0].click()
+    wait(
+        driver,
+        "the parameter that differs",
+        lambda d: MARKUP in d.find_element("id", "parameters").text,
+    )
+    assert f"see {MARKUP}" in driver.find_element("tag name", "main").text
+    assert not driver.find_elements("css selector", "main img")
+    assert driver.title == "Trainyard"
+    assert not script_errors(driver)
+
+
+REFUSED_CANCEL = """
+window.confirm = () => true;
+const real = window.fetch;
+window.fetch = (url, options) => String(url).endsWith("/cancel")
+  ? Promise.resolve(new Response(JSON.stringify({ detail: "the scheduler is busy" }),
+      { status: 503, headers: { "Content-Type": "application/json" } }))
+  : real(url, options);
+"""
+"""Every cancel answered 503 by the browser itself (the job stays as it is), and the
+confirmation accepted."""
+
+
+def test_a_refused_cancel_says_so_and_stays_said(browser: Any, small: Stack) -> None:
+    """A cancel the platform refuses says the job was not cancelled and why, and the message
+    outlives the page's redraw every 3 s (it was drawn in the header the redraw replaces, so
+    it was gone before a person read it)."""
+    driver = browser
+    sign_in(driver, small, f"/jobs/{small.waiting}")
+    cancel = wait(
+        driver, "the cancel button", lambda d: d.find_elements("css selector", "button.danger")
+    )
+    driver.execute_script(REFUSED_CANCEL)
+    cancel[0].click()
+    notice = wait(
+        driver,
+        "the refusal",
+        lambda d: [e for e in d.find_elements("id", "job-notice") if "not cancelled" in e.text],
+    )[0]
+    assert "the scheduler is busy" in notice.text
+    refreshed(driver, ".page-header")
+    assert "The job was not cancelled." in driver.find_element("id", "job-notice").text
+    assert not script_errors(driver)
+
+
 def test_a_mangled_link_says_there_is_no_such_job(browser: Any, small: Stack) -> None:
     """A job link whose percent-encoding was cut (``%E0%A4%A``) is a job that does not exist,
-    not a page stuck on "Loading…"; the next link works."""
+    not a page stuck on "Loading…"; the next link works; ``#/constructor`` is no page (it
+    said "This page could not be shown": the router took any key of an object for a page)."""
     driver = browser
     sign_in(driver, small)
     driver.execute_script("location.hash = arguments[0]", "/jobs/%E0%A4%A")
     wait(driver, "no such job", lambda d: "No such job" in d.find_element("tag name", "body").text)
     driver.execute_script("location.hash = arguments[0]", f"/jobs/{small.waiting}")
     wait(driver, "the job", lambda d: d.find_elements("css selector", "button.danger"))
+    # A page name that is a name of every object's (a typo, a probe): no page, so the jobs.
+    driver.execute_script("location.hash = '/constructor'")
+    wait(driver, "the jobs", lambda d: "waits-for-more" in d.find_element("id", "jobs").text)
     assert not script_errors(driver)
 
 
@@ -181,12 +301,27 @@ def sign_in_again(driver: Any, typed: str) -> Any:
 def test_a_token_that_cannot_be_sent_or_checked_gets_a_clear_answer(
     browser: Any, small: Stack
 ) -> None:
-    """A token pasted with a character no header can hold ("…") is refused naming it, and a
-    platform that does not answer the sign-in says so; neither leaves "Checking…" for ever."""
+    """A token pasted with a character no header can hold ("…") is refused naming it, one the
+    platform does not know is "not accepted", and a platform that does not answer the
+    sign-in says so; none leaves "Checking…" for ever."""
     driver = browser
     status = sign_in_with(driver, small, small.token[:10] + "…")
+    # The form names the command that makes a token, as the CLI spells it.
+    assert "(trainyard token create," in driver.find_element("id", "login").text
     wait(driver, "the refusal", lambda d: "That is not a token" in status.text)
     assert "character 11 is U+2026" in status.text
+    assert driver.execute_script("return sessionStorage.length") == 0
+
+    # A token that could be one but is not (mistyped, never made): not accepted, which is
+    # not "your session ended" (there was none).
+    driver.find_element("id", "token").clear()
+    sign_in_again(driver, "ty_" + "x" * 40)
+
+    def status_text(d: Any) -> str:
+        return str(d.find_element("css selector", ".login-status").text)
+
+    wait(driver, "the token refused", lambda d: "That token was not accepted" in status_text(d))
+    assert "session ended" not in status_text(driver)
     assert driver.execute_script("return sessionStorage.length") == 0
 
     # The platform goes down after the form was shown.
@@ -290,7 +425,8 @@ def test_a_service_that_hangs_is_named_and_the_rest_still_works(browser: Any, sm
 
 def test_the_job_page_shows_the_trace_id_of_its_submission(browser: Any, small: Stack) -> None:
     """The trace id the job view carries (the request that submitted it) is on the job's
-    page, where an operator copies it into the tracing UI."""
+    page, where an operator copies it into the tracing UI; the waiting job's timeline says how
+    long it has waited so far."""
     driver = browser
     view = httpx.get(
         f"{small.url}/v1/jobs/{small.waiting}",
@@ -301,6 +437,9 @@ def test_the_job_page_shows_the_trace_id_of_its_submission(browser: Any, small: 
     sign_in(driver, small, f"/jobs/{small.waiting}")
     shown = wait(driver, "the trace id", lambda d: d.find_elements("id", "trace-id"))[0]
     assert shown.text == view["trace_id"]
+    # The status it is in has lasted until now: the timeline says how long it has waited.
+    last = driver.find_elements("css selector", "#timeline li .tl-head")[-1].text
+    assert last.startswith("pending") and last.endswith(" so far"), last
 
 
 def test_an_operator_reads_every_teams_experiments_as_such(browser: Any, small: Stack) -> None:
@@ -355,11 +494,22 @@ def test_a_tag_the_registry_refuses_is_refused_naming_the_rule(browser: Any, sma
 
 
 def test_a_tab_reloaded_after_its_token_was_revoked_says_why(browser: Any, small: Stack) -> None:
-    """A tab whose token was revoked since it signed in, reloaded (or its link opened again
-    in it), says the session ended, as it does when that happens while a page is open; after
-    signing in again the link's page shows."""
+    """A token revoked while a job's page is open ends the session, saying so; a tab whose
+    token was revoked since it signed in, reloaded (or its link opened again in it), says the
+    same; after signing in again the link's page shows."""
     driver = browser
     headers = {"Authorization": f"Bearer {small.token}"}
+    # Revoked while its page is open: the page's next read (every 3 s) ends the session.
+    open_tab = httpx.post(f"{small.url}/v1/tokens", json={"name": "open"}, headers=headers).json()
+    sign_in(driver, small, f"/jobs/{small.waiting}", open_tab["token"])
+    wait(driver, "the job", lambda d: d.find_elements("css selector", "button.danger"))
+    revoked = httpx.delete(f"{small.url}/v1/tokens/{open_tab['id']}", headers=headers)
+    assert revoked.status_code == 204, revoked.text
+    wait(
+        driver,
+        "the session ended",
+        lambda d: "Your session ended" in d.find_element("css selector", ".login-status").text,
+    )
     made = httpx.post(f"{small.url}/v1/tokens", json={"name": "tab"}, headers=headers).json()
     driver.get(f"{small.url}/ui/")
     driver.execute_script("sessionStorage.clear()")

@@ -23,7 +23,8 @@ let generation = 0;
 
 function route() {
   const parts = location.hash.replace(/^#\/?/, "").split("?")[0].split("/").filter(Boolean).map(decoded);
-  const page = parts[0] in PAGES ? parts[0] : "jobs";
+  // Its own key only: "constructor" or "toString" is in every object, and is no page.
+  const page = Object.hasOwn(PAGES, parts[0] ?? "") ? parts[0] : "jobs";
   return { page, params: parts.slice(1) };
 }
 
@@ -83,7 +84,7 @@ function signIn(notice) {
   const status = h("div", { class: "login-status" });
   const form = h("form", { class: "login-card", id: "login" },
     h("h1", {}, "Sign in to Trainyard"),
-    h("p", { class: "subtitle" }, "Paste an API token (trainyard tokens create, or the one dev.py up printed). It stays in this tab only."),
+    h("p", { class: "subtitle" }, "Paste an API token (trainyard token create, or the one dev.py up printed). It stays in this tab only."),
     h("label", { for: "token" }, "Token"), input,
     h("button", { type: "submit", class: "primary" }, "Sign in"), status);
   if (notice) status.append(message("warn", notice));
@@ -127,6 +128,9 @@ async function identify() {
 const ENDED = "Your session ended (the token was revoked or expired). Sign in again.";
 
 window.addEventListener("trainyard:unauthorized", () => {
+  // Only a session can end: a token refused at sign-in (mistyped, never valid) is answered
+  // by the form ("not accepted"), and a request still in flight after "Sign out" ended none.
+  if (!me) return;
   token.clear();
   me = null;
   signIn(ENDED);

@@ -103,9 +103,11 @@ def grant_of(
     attempt: int = 1,
     cpus_per_gpu: int = 0,
     memory_gib_per_gpu: int = 0,
+    max_runtime_seconds: int = 3600,
 ) -> Envelope[Payload]:
     """The ``allocation.granted`` (from the scheduler) that ``released`` ends, of a job
-    declaring ``cpus_per_gpu`` and ``memory_gib_per_gpu``."""
+    declaring ``cpus_per_gpu``, ``memory_gib_per_gpu`` and ``max_runtime_seconds`` (its
+    accrual ends by its grant plus that and the kill grace, as its bill does)."""
     grant: Payload = AllocationGranted(
         allocation_id=released.allocation_id,
         job_id=released.job_id,
@@ -121,7 +123,7 @@ def grant_of(
             gpus=max(released.gpus, 1),
             gpu_flavor=released.gpu_flavor,
             seed=1,
-            max_runtime_seconds=3600,
+            max_runtime_seconds=max_runtime_seconds,
             project=project,
             cpus_per_gpu=cpus_per_gpu,
             memory_gib_per_gpu=memory_gib_per_gpu,

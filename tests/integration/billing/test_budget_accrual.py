@@ -24,6 +24,7 @@ from trainyard_platform.shared.events.payloads import (
     BudgetThresholdCrossed,
     BudgetUpdated,
 )
+from trainyard_platform.shared.worst_case import attempt_seconds
 
 pytestmark = pytest.mark.integration
 
@@ -87,12 +88,42 @@ async def test_a_running_job_crosses_its_budget_before_it_ends(pool: asyncpg.Poo
         assert await repo.spent(conn, b, month_start(NOW), NOW + timedelta(hours=5)) == 10
 
 
+async def test_a_job_held_past_its_limits_accrues_no_more_than_its_bill_will_be(
+    pool: asyncpg.Pool,
+) -> None:
+    """The scheduler bills no attempt past its grant plus its ``max_runtime_seconds`` and
+    the kill grace (``worst_case.billed_until``), though its allocation may be held longer
+    (a long preparation, the wait for its last checkpoint's upload). Its accrual stops
+    there too: accrued on to now, a job of a 1 h limit held 2 h spent 10.00 of a budget of
+    6, said it exhausted (a ``stop`` budget stops its team's jobs, ``refuse`` refuses new
+    ones) and crossed 100 % for good, though its bill is 5.04."""
+    b = await budget(pool, "ml", None, "6")
+    job = running("r7", "ml", NOW - timedelta(hours=2))  # 2 a100 for 3600 s + 30 s at most
+    await feed(pool, grant_of(job))
+    async with pool.acquire() as conn:
+        accruing = await repo.spent(conn, b, month_start(NOW), NOW)
+
+    assert await check_running(pool, NOW) == 1
+    events = await said(pool)
+    crossed = [e.threshold_percent for e in events if isinstance(e, BudgetThresholdCrossed)]
+    assert crossed == [50]
+    (state,) = [e for e in events if isinstance(e, BudgetUpdated)]
+    assert not state.exhausted
+
+    # Its bill, when the scheduler releases it, is what it accrued.
+    billed_until = job.granted_at + timedelta(seconds=attempt_seconds(3600))
+    await feed(pool, release_event(job.model_copy(update={"released_at": billed_until})))
+    async with pool.acquire() as conn:
+        assert await repo.spent(conn, b, month_start(NOW), NOW) == accruing
+    assert accruing == Decimal("5.041667")
+
+
 async def test_only_the_month_and_the_project_are_counted(pool: asyncpg.Pool) -> None:
     project = await budget(pool, "ml", "vision-models", "100")
     other = running("r2", "ml", NOW - timedelta(hours=1))
     await feed(pool, grant_of(other, project="tabular"))
     mine = running("r3", "ml", month_start(NOW) - timedelta(hours=3))  # from last month
-    await feed(pool, grant_of(mine, project="vision-models"))
+    await feed(pool, grant_of(mine, project="vision-models", max_runtime_seconds=6 * 3600))
     async with pool.acquire() as conn:
         spent = await repo.spent(
             conn, project, month_start(NOW), month_start(NOW) + timedelta(hours=1)

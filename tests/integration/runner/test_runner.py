@@ -7,6 +7,7 @@ import hashlib
 import json
 import logging
 import os
+import socket
 import threading
 import time
 import uuid
@@ -27,7 +28,7 @@ from tests.integration.runner.conftest import (
     upload_bundle,
 )
 from trainyard_platform.deploy.local.s3 import S3Server
-from trainyard_platform.services.runner import checkpoints, domain, launch, supervisor
+from trainyard_platform.services.runner import checkpoints, domain, git_remote, launch, supervisor
 from trainyard_platform.services.runner.config import Settings
 from trainyard_platform.services.runner.ledger import Ledger, safe_file_name
 from trainyard_platform.shared.bus import Bus
@@ -268,7 +269,11 @@ async def test_a_job_ignoring_sigterm_is_killed_after_the_grace_and_cancelled(
 async def test_a_job_over_its_max_runtime_fails(
     settings: Settings, start_runner: StartRunner, bus: Bus, events: EventLog, launches: Path
 ) -> None:
-    await start_runner(settings)
+    runner = await start_runner(settings)
+    # Its preparation takes none of its second (its deadline's clock stands still): what
+    # is checked here is the process's own timer (test_preparation_deadline.py: the
+    # preparation counts too).
+    runner.agent.clock = lambda: 0.0
     allocation = grant(settings.node_id, ["wait", str(launches)], max_runtime_seconds=1)
     await publish(bus, allocation, settings.node_id)
     failed = await events.first(JobFailed, allocation.job_id)
@@ -535,19 +540,31 @@ async def test_a_grant_whose_spec_holds_a_nul_fails_as_the_jobs_own_error(
 
 
 async def test_a_git_server_failing_or_a_host_not_resolving_never_counts_against_the_node(
-    settings: Settings, start_runner: StartRunner, bus: Bus, events: EventLog, launches: Path
+    settings: Settings,
+    start_runner: StartRunner,
+    bus: Bus,
+    events: EventLog,
+    launches: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Before: both ended platform_error counted towards the node's cordon, so a tenant
     # pointing jobs at a server answering 503 (or at a host that does not resolve) took the
-    # nodes they were placed on out of service. Retried, but never held against the node.
+    # nodes they were placed on out of service. Never held against the node: retried, but a
+    # host the resolver answers does not exist, which is the job's own input.
     # (The failing server answers git://: a node fetches by no http://, ``git_remote``.)
+    def resolve(host: str, port: int) -> list[str]:
+        code = {"gti.example.invalid": socket.EAI_NONAME, "dns.failing.example": socket.EAI_AGAIN}
+        raise socket.gaierror(code[host], "as the resolver says")
+
+    monkeypatch.setattr(git_remote, "resolve", resolve)
     with Listener(git_error("Service Unavailable")) as server:
         await start_runner(settings)
         repositories = {
-            "unavailable": f"git://127.0.0.1:{server.port}/team/repo.git",
-            "no such host": "https://gti.example.invalid/x.git",
+            "unavailable": (f"git://127.0.0.1:{server.port}/team/repo.git", "platform_error"),
+            "no such host": ("https://gti.example.invalid/x.git", "user_error"),
+            "the resolver failing": ("https://dns.failing.example/x.git", "platform_error"),
         }
-        for what, repository in repositories.items():
+        for what, (repository, kind) in repositories.items():
             allocation = grant(settings.node_id, ["succeed", str(launches)])
             code = CodeGit(repository=repository, commit="0" * 40)
             allocation = allocation.model_copy(
@@ -555,7 +572,7 @@ async def test_a_git_server_failing_or_a_host_not_resolving_never_counts_against
             )
             await publish(bus, allocation, settings.node_id)
             failed = await events.first(JobFailed, allocation.job_id, timeout=60)
-            assert failed.failure_kind == "platform_error", what
+            assert failed.failure_kind == kind, what
             assert not failed.node_fault, what
             assert failed.reason.startswith("spec.code.repository: "), failed.reason
         assert server.accepted >= 1, "the failing server was never asked"

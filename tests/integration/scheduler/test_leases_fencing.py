@@ -665,6 +665,35 @@ async def lease_of(conn: asyncpg.Connection, allocation: Allocation) -> tuple[An
     return row["released_at"], row["stopping_since"]
 
 
+async def test_a_lease_held_past_the_end_of_its_bill_ends_when_its_gpus_were_given_up(
+    pool: asyncpg.Pool,
+) -> None:
+    """An allocation held past its grant plus its ``max_runtime_seconds`` and the kill
+    grace (a long preparation, the wait for its last checkpoint's upload) is billed up to
+    there (the allocation's ``released_at``), but its GPUs were held until its runner said
+    it ended: its GPU lease ends then. Before, the lease ended with the bill, so the books
+    said the GPU free for the 69 s its runner still held it."""
+    async with pool.acquire() as conn, conn.transaction():
+        await add_job(conn, "held", max_runtime_seconds=1)
+        (allocation,) = await grant(conn, "held", {"n1": (0,)})
+        ending = plan_end(
+            await job(conn, "held"),
+            [allocation],
+            "preempted",
+            at(100),
+            at(120),
+            TUNING,
+            reporter=allocation.allocation_id,
+        )
+        await apply_endings(conn, [ending], at(120), TUNING)
+        released = await conn.fetchval(
+            "SELECT released_at FROM allocations WHERE allocation_id = $1::uuid",
+            allocation.allocation_id,
+        )
+        assert released == at(31)  # its bill: 1 s and the 30 s kill grace
+        assert await lease_of(conn, allocation) == (at(100), None)
+
+
 async def test_a_lost_nodes_gang_peer_keeps_its_gpu_until_a_later_heartbeat_or_its_own_loss(
     pool: asyncpg.Pool,
 ) -> None:

@@ -201,3 +201,31 @@ async def test_a_service_asking_for_its_callers_names_their_address_so_one_canno
                 assert fresh.status_code == 200, fresh.text
         finally:
             await asking.aclose()
+
+
+async def test_a_client_cannot_pick_fresh_budgets_through_a_trusted_peers_forwarded_for(
+    limited: Submission, settings: Settings
+) -> None:
+    """uvicorn gives the address a trusted peer's ``X-Forwarded-For`` names (loopback is
+    trusted by default), whatever it is. Keyed as given, a client that could write it (a
+    proxy passing the header on, ``FORWARDED_ALLOW_IPS=*``) named a new value at each
+    request, a fresh budget each, as many keys as it liked, each as long as a header; and a
+    6to4 host had a fresh budget in each of the 2^16 /64s of its /48."""
+    tight = settings.model_copy(update={"failed_auth_burst": BURST, "failed_auth_rate_per_s": 0.01})
+    submission = create_app(tight, AppDeps(pool=limited.pool, store=limited.store))
+    async with _served(submission) as url, httpx.AsyncClient(base_url=url) as http:
+
+        async def wrong(forwarded_for: str) -> httpx.Response:
+            headers = {**_bearer("ty_wrong"), "X-Forwarded-For": forwarded_for}
+            return await http.get("/v1/jobs", headers=headers)
+
+        for n in range(BURST):  # the burst: no IP address named, each another value
+            assert (await wrong(f"spray-{n}" + "x" * 1000)).status_code == 401
+        assert (await wrong("spray-again")).status_code == 429
+        for n in range(BURST):  # one IPv4 host through 6to4, each time another /64
+            assert (await wrong(f"2002:cb00:7109:{n}::1")).status_code == 401
+        assert (await wrong("2002:cb00:7109:ffff::1")).status_code == 429
+        held = await wrong("203.0.113.9")  # the same host's own IPv4 address
+        assert held.status_code == 429, held.text
+        assert "missing or wrong token from this client address" in held.json()["detail"]
+        assert (await wrong("198.51.100.7")).status_code == 401  # another host: its own

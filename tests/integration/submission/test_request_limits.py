@@ -100,6 +100,28 @@ async def test_control_characters_are_422_naming_the_field(
     assert await _count(submission.pool, "jobs") == 0
 
 
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        (
+            {"code": {"kind": "git", "repository": "https://127.0.0.1./x", "commit": "a" * 40}},
+            "code.repository",
+        ),
+        ({"requirements": ["x @ https://127.0.0.1./x-1.0-py3-none-any.whl"]}, "requirements[0]"),
+    ],
+)
+async def test_a_host_programs_read_two_ways_is_422_naming_the_field_and_why(
+    submission: Submission, changes: dict[str, Any], field: str
+) -> None:
+    # Before: taken (no address to this service), then failed on the runner as a host that
+    # did not resolve, the platform's failure, retried (shared.url_hosts).
+    status, body = await _post(submission, _spec(**changes))
+    assert status == 422, body
+    messages = [e["message"] for e in body["errors"] if e["field"] == field]
+    assert messages and "names the host '127.0.0.1.', which ends in a number" in messages[0]
+    assert await _count(submission.pool, "jobs") == 0
+
+
 async def test_free_text_may_hold_tabs_and_newlines(submission: Submission) -> None:
     status, body = await _post(
         submission, _spec(args=["--note", "a\tb\r\nc"], hyperparameters={"prompt": "x\ny"})

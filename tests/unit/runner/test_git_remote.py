@@ -9,18 +9,22 @@ in the job's failure reason."""
 from __future__ import annotations
 
 import ipaddress
+import socket
 
 import pytest
 from pydantic import SecretStr, ValidationError
 
 from trainyard_platform.services.runner.config import Settings
 from trainyard_platform.services.runner.git_remote import (
+    HostNotFound,
     HostUnresolved,
     PrivateAllowed,
     RemoteRefused,
     Resolver,
     allow_entry,
     fetch_plan,
+    git_version,
+    unpinned_git,
 )
 from trainyard_platform.shared.public_addresses import address_problem
 from trainyard_platform.shared.settings import invalid_settings
@@ -248,6 +252,94 @@ def test_a_host_that_does_not_resolve_says_so() -> None:
         fetch_plan("https://gti.example.invalid/x.git", NONE, resolver)
     with pytest.raises(HostUnresolved):
         fetch_plan("https://gti.example.invalid/x.git", NONE)  # the real resolver
+
+
+def failing(error: BaseException) -> Resolver:
+    def resolver(host: str, port: int) -> list[str]:
+        raise error
+
+    return resolver
+
+
+@pytest.mark.parametrize(
+    ("resolver", "not_found"),
+    [
+        # The resolver's answer about the name itself: the same from every node.
+        (failing(socket.gaierror(socket.EAI_NONAME, "Name or service not known")), True),
+        (failing(socket.gaierror(socket.EAI_NODATA, "No address associated")), True),
+        (failing(socket.gaierror(socket.EAI_ADDRFAMILY, "Address family for hostname")), True),
+        (answers(), True),  # an answer without an address
+        (failing(UnicodeError("label too long")), True),
+        # The resolver failing: this node's DNS, just now.
+        (failing(socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")), False),
+        (failing(socket.gaierror(socket.EAI_FAIL, "Non-recoverable failure")), False),
+        (failing(socket.gaierror(socket.EAI_SYSTEM, "System error")), False),
+    ],
+)
+def test_a_host_that_does_not_exist_is_told_from_a_resolver_that_fails(
+    resolver: Resolver, not_found: bool
+) -> None:
+    """Before: every lookup failure was ``HostUnresolved``, the platform's, retried: a
+    mistyped host burnt the platform's retries and was charged to it."""
+    for repository in ("https://gti.example/x.git", "git://gti.example/x.git"):
+        with pytest.raises(HostUnresolved) as raised:
+            fetch_plan(repository, NONE, resolver)
+        assert isinstance(raised.value, HostNotFound) is not_found
+        said = str(raised.value)
+        assert "gti.example" in said
+        assert "Errno" not in said and "System error" not in said  # nothing internal
+        if not_found:
+            assert said.startswith("the host gti.example ")
+        else:
+            assert (
+                said
+                == (
+                    "the host gti.example could not be looked up from this node just now (its DNS "
+                    "failed or did not answer in time)"
+                )
+                or said == "resolver unreachable"
+            )
+
+
+@pytest.mark.parametrize(
+    ("said", "version", "refused"),
+    [
+        ("git version 2.39.5\n", (2, 39, 5), False),
+        ("git version 2.37.0", (2, 37, 0), False),
+        ("git version 2.37.1 (Apple Git-137.1)", (2, 37, 1), False),
+        ("git version 2.43.0.windows.1", (2, 43, 0), False),
+        ("git version 3.0", (3, 0, 0), False),
+        ("git version 2.36.6", (2, 36, 6), True),
+        ("git version 1.8.3.1", (1, 8, 3), True),
+        ("", None, True),
+    ],
+)
+def test_git_older_than_2_37_is_refused_since_it_ignores_the_pin(
+    said: str, version: tuple[int, ...] | None, refused: bool
+) -> None:
+    """An older git drops ``http.curloptResolve`` without a word: curl would look the host
+    up again, and fetch from what a second answer says."""
+    assert git_version(said) == version
+    problem = unpinned_git(version)
+    assert (problem is not None) is refused
+    if version is not None and refused:
+        assert problem == (
+            f"this node's git is {'.'.join(map(str, version))}, older than 2.37, which ignores "
+            "http.curloptResolve and so would fetch without being held to the address judged: "
+            "this node fetches no git code until its operator installs git 2.37 or later"
+        )
+
+
+def test_git_keeps_the_host_name_for_a_daemon_that_serves_several() -> None:
+    """git:// connects to the address judged (named in the URL), but its ``host=`` names the
+    host written, for a virtual-hosting daemon; https needs nothing (curl sends the name)."""
+    plan = fetch_plan("git://Git.Example:9418/x.git", NONE, answers("140.82.112.3"))
+    assert plan.url == "git://140.82.112.3:9418/x.git"
+    assert plan.env == {"GIT_OVERRIDE_VIRTUAL_HOST": "Git.Example:9418"}
+    assert fetch_plan("git://user@git.example/x.git", NONE, answers("8.8.8.8")).env == {
+        "GIT_OVERRIDE_VIRTUAL_HOST": "git.example"
+    }
+    assert fetch_plan("https://git.example/x.git", NONE, answers("8.8.8.8")).env == {}
 
 
 @pytest.mark.parametrize(

@@ -7,10 +7,12 @@ to another job while it could still start there."""
 from __future__ import annotations
 
 import asyncio
+import time
 from types import SimpleNamespace
 from typing import Any
 
 from trainyard_platform.services.runner.agent import NodeAgent, _Launch
+from trainyard_platform.services.runner.deadline import AttemptDeadline
 
 from .test_launch import GRANT
 
@@ -24,7 +26,10 @@ def listed(agent: Any) -> list[str]:
 def test_a_launch_still_preparing_is_listed_beside_the_jobs_that_run() -> None:
     agent = SimpleNamespace(
         _runs={"b-running": object()},
-        _launches={"a-preparing": _Launch(1, GPU), "b-running": _Launch(1, GPU)},
+        _launches={
+            "a-preparing": _Launch(1, GPU, AttemptDeadline(3600)),
+            "b-running": _Launch(1, GPU, AttemptDeadline(3600)),
+        },
     )
     assert listed(agent) == ["a-preparing", "b-running"]
 
@@ -44,6 +49,7 @@ async def test_a_grant_is_listed_from_its_acceptance_until_its_launch_ends() -> 
     agent: Any = SimpleNamespace(
         node_id=GRANT.node_id,
         settings=SimpleNamespace(node_id=GRANT.node_id),
+        clock=time.monotonic,
         _stop=asyncio.Event(),
         _runs={},
         _launches={},
@@ -74,6 +80,7 @@ async def test_a_grant_not_taken_is_not_listed() -> None:
     agent: Any = SimpleNamespace(
         node_id=GRANT.node_id,
         settings=SimpleNamespace(node_id=GRANT.node_id),
+        clock=time.monotonic,
         _stop=asyncio.Event(),
         _runs={},
         _launches={},

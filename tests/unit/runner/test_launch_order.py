@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from trainyard_platform.services.runner.agent import NodeAgent, _Launch, _LaunchStopped
+from trainyard_platform.services.runner.deadline import AttemptDeadline
 from trainyard_platform.services.runner.domain import StopRequest
 from trainyard_platform.shared.bus import NotNow
 
@@ -22,7 +23,7 @@ async def test_three_launches_on_one_gpu_go_in_turn_and_none_waits_for_good() ->
     # once A ended, B waited for C and C for B, for good (and the drain with them).
     agent = SimpleNamespace(_launches={})
     for name in "ABC":
-        agent._launches[name] = _Launch(1, GPU)
+        agent._launches[name] = _Launch(1, GPU, AttemptDeadline(3600))
     b = asyncio.create_task(NodeAgent._launched_on(agent, GPU, "B"))  # type: ignore[arg-type]
     c = asyncio.create_task(NodeAgent._launched_on(agent, GPU, "C"))  # type: ignore[arg-type]
     await asyncio.sleep(0.05)
@@ -35,7 +36,12 @@ async def test_three_launches_on_one_gpu_go_in_turn_and_none_waits_for_good() ->
 
 
 async def test_a_launch_on_other_gpus_waits_for_none() -> None:
-    agent = SimpleNamespace(_launches={"A": _Launch(1, GPU), "B": _Launch(1, frozenset({1}))})
+    agent = SimpleNamespace(
+        _launches={
+            "A": _Launch(1, GPU, AttemptDeadline(3600)),
+            "B": _Launch(1, frozenset({1}), AttemptDeadline(3600)),
+        }
+    )
     await asyncio.wait_for(NodeAgent._launched_on(agent, frozenset({1}), "B"), timeout=10)  # type: ignore[arg-type]
 
 
@@ -56,7 +62,7 @@ async def test_a_stopped_launch_stops_waiting_at_once_and_keeps_its_thread_in_vi
     """A launch waited for its download or install to return before a cancel could end
     it; now the stop ends the wait, and the thread it left is awaited before its slot
     is freed (its result handed back, e.g. an environment lease to release)."""
-    launching = _Launch(1, GPU)
+    launching = _Launch(1, GPU, AttemptDeadline(3600))
     release = threading.Event()
     download = asyncio.ensure_future(asyncio.to_thread(lambda: release.wait(30) and "fetched"))
     waiting = asyncio.create_task(launching.unless_stopped(download, runs_on=True))
@@ -80,7 +86,7 @@ async def test_a_launch_stopped_already_goes_no_further_even_when_its_work_is_do
     """A stop that came while the launch was between two waits must not let it go on to
     fence other jobs or download: the next wait raises at once, and what a thread returned
     (an environment lease, say) is still handed back to be released."""
-    launching = _Launch(1, GPU)
+    launching = _Launch(1, GPU, AttemptDeadline(3600))
     launching.stop(StopRequest("revoked", "cancelled"), 0.5)
     with pytest.raises(_LaunchStopped):
         await launching.unless_stopped(asyncio.sleep(0, result="free"))

@@ -10,6 +10,7 @@ on out of service."""
 from __future__ import annotations
 
 import errno
+import socket
 import subprocess
 import sys
 import tarfile
@@ -85,10 +86,28 @@ def test_a_server_that_cannot_be_reached_is_retried_but_never_counts(tmp_path: P
     assert failure_kind(error) == "platform_error" and not counts_against_node(error)
 
 
-def test_a_host_that_does_not_resolve_is_retried_but_never_counts(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("error", "kind"),
+    [
+        # No such name: the job's input (the same answer on every node).
+        (socket.gaierror(socket.EAI_NONAME, "Name or service not known"), "user_error"),
+        # The resolver failing just now: retried.
+        (
+            socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution"),
+            "platform_error",
+        ),
+    ],
+)
+def test_a_host_that_does_not_resolve_never_counts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: socket.gaierror, kind: str
+) -> None:
+    def resolve(host: str, port: int) -> list[str]:
+        raise error
+
+    monkeypatch.setattr(git_remote, "resolve", resolve)
     code = CodeGit(repository="https://gti.example.invalid/x.git", commit="0" * 40)
-    error = checkout_fails(tmp_path, code)
-    assert failure_kind(error) == "platform_error" and not counts_against_node(error)
+    failed = checkout_fails(tmp_path, code)
+    assert failure_kind(failed) == kind and not counts_against_node(failed)
 
 
 def _git_run_failing(monkeypatch: pytest.MonkeyPatch, command: str, error: BaseException) -> None:

@@ -6,6 +6,7 @@ or a git clone), then refused the requirement while building the environment."""
 
 from __future__ import annotations
 
+import socket
 from typing import Any, cast
 
 import pytest
@@ -176,6 +177,37 @@ def test_a_wheel_host_that_does_not_resolve_is_the_platforms() -> None:
         )
     assert str(failed.value).startswith("spec.requirements[0]: resolving the host of ")
     assert failure_kind(failed.value) == "platform_error"
+
+
+def test_a_wheel_host_that_does_not_exist_is_the_jobs_input() -> None:
+    """Before: the platform's, retried: a mistyped wheel host burnt the platform's retries."""
+
+    def no_such_name(host: str, port: int) -> list[str]:
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    with pytest.raises(launch.RequirementsUnmet) as refused:
+        launch.check_requirements(
+            ["x @ https://nowhere.example/x-1.0-py3-none-any.whl"], PUBLIC_ONLY, no_such_name
+        )
+    assert str(refused.value) == (
+        "spec.requirements[0]: requirement 'x @ https://nowhere.example/x-1.0-py3-none-any.whl': "
+        "the host nowhere.example does not exist in DNS (no such name, or no address for it): "
+        "check its spelling (refused before the job's code was downloaded)"
+    )
+    assert failure_kind(refused.value) == "user_error"
+
+
+def test_a_wheel_host_the_resolver_fails_to_look_up_is_the_platforms() -> None:
+    def again(host: str, port: int) -> list[str]:
+        raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+
+    with pytest.raises(PlatformError) as failed:
+        launch.check_requirements(
+            ["x @ https://nowhere.example/x-1.0-py3-none-any.whl"], PUBLIC_ONLY, again
+        )
+    assert failure_kind(failed.value) == "platform_error"
+    assert str(failed.value).startswith("spec.requirements[0]: resolving the host of ")
+    assert "could not be looked up from this node just now" in str(failed.value)
 
 
 @settings(max_examples=400, derandomize=True, database=None, deadline=None)

@@ -6,6 +6,7 @@ import hashlib
 import io
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tarfile
@@ -26,10 +27,12 @@ from trainyard_platform.services.runner.sandbox import (
     AsJob,
     JobInputError,
     JobUser,
+    NodeFault,
     PlatformError,
     UidsInUse,
     checkout_git,
     claim_job_uids,
+    counts_against_node,
     failure_kind,
     fetch_bundle,
     remember_job_uids,
@@ -169,6 +172,27 @@ def test_code_named_by_git_commit_is_checked_out_at_that_commit(tmp_path: Path) 
                 None,
                 LOOPBACK,
             )
+
+
+def test_a_git_daemon_serving_several_hosts_is_asked_for_the_host_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before: git was given the address judged in the URL, so its request said
+    # host=127.0.0.1:<port>, and a daemon serving by host name found no repository.
+    repo = tmp_path / "served" / "git.example" / "repo"
+    repo.mkdir(parents=True)
+    git(repo, "init", "-q")
+    (repo / "train.py").write_text("print('v1')\n")
+    git(repo, "add", "train.py")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@e", "commit", "-qm", "v1")
+    commit = git(repo, "rev-parse", "HEAD")
+    monkeypatch.setattr(git_remote, "resolve", lambda host, port: ["127.0.0.1"])
+    dest = tmp_path / "code"
+    dest.mkdir()
+    with git_daemon(tmp_path / "served", by_host=True) as port:
+        code = CodeGit(repository=f"git://git.example:{port}/repo", commit=commit)
+        checkout_git(code, dest, RUNNERS, tmp_path, None, None, LOOPBACK)
+    assert (dest / "train.py").read_text() == "print('v1')\n"
 
 
 @pytest.mark.parametrize("form", ["path", "file://", "file:", "ext::", "http://"])
@@ -350,22 +374,67 @@ def test_every_git_failure_names_the_field_and_tells_the_jobs_input_from_the_pla
     assert fault.reason("git fetch of r failed: x").startswith(f"{field}: ")
 
 
-def test_a_host_that_does_not_resolve_is_the_platforms_naming_the_field(tmp_path: Path) -> None:
-    # Before: "git fetch of https://gti.example.invalid/x.git failed: fatal: unable to access
-    # ...": no field named, so a typo of the host read as the platform's trouble alone.
-    # It stays platform_error: a node's resolver that cannot reach the internet answers
-    # "no such name" of every public host too (git_faults).
+def test_a_host_that_does_not_exist_is_the_jobs_input_naming_the_field(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before: "its host name did not resolve from this node (mistyped, or this node's DNS
+    # failing ...)", platform_error: a mistyped host burnt the platform's retries. The
+    # resolver's answer that there is no such name is the same from every node.
+    def no_such_name(host: str, port: int) -> list[str]:
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(git_remote, "resolve", no_such_name)
     code = CodeGit(repository="https://gti.example.invalid/x.git", commit="0" * 40)
     error = checkout_fails(tmp_path, code)
+    assert failure_kind(error) == "user_error"
+    assert str(error) == (
+        "spec.code.repository: 'https://gti.example.invalid/x.git': the host "
+        "gti.example.invalid does not exist in DNS (no such name, or no address for it): "
+        "check its spelling"
+    )
+    assert not counts_against_node(error)
+
+
+def test_a_host_the_resolver_fails_to_look_up_is_the_platforms_naming_the_field(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def again(host: str, port: int) -> list[str]:
+        raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+
+    monkeypatch.setattr(git_remote, "resolve", again)
+    code = CodeGit(repository="https://gti.example/x.git", commit="0" * 40)
+    error = checkout_fails(tmp_path, code)
     assert failure_kind(error) == "platform_error"
-    assert str(error).startswith(
-        "spec.code.repository: its host name did not resolve from this node (mistyped, or "
-        "this node's DNS failing"
+    assert not counts_against_node(error)
+    assert str(error) == (
+        "spec.code.repository: 'https://gti.example/x.git': the host gti.example could not be "
+        "looked up from this node just now (its DNS failed or did not answer in time); retried"
     )
-    # Resolved by the runner before git runs (``git_remote``), never by git again.
-    assert "resolving the host of https://gti.example.invalid/x.git before git fetch: " in str(
-        error
+
+
+def test_git_older_than_2_37_fetches_nothing_and_is_the_nodes_fault(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before: git older than 2.37 ignored http.curloptResolve without a word and fetched
+    # from whatever a second lookup answered.
+    def run(self: AsJob, argv: list[str], *, cwd: Path, timeout: float) -> Any:
+        raise AssertionError(f"git ran: {argv}")
+
+    monkeypatch.setattr(AsJob, "run", run)
+    code = CodeGit(repository="https://140.82.112.3/x.git", commit="0" * 40)
+    dest = tmp_path / "code"
+    dest.mkdir()
+    with pytest.raises(NodeFault) as raised:
+        checkout_git(code, dest, RUNNERS, tmp_path, git_version=(2, 36, 6))
+    assert failure_kind(raised.value) == "platform_error"
+    assert counts_against_node(raised.value)
+    assert str(raised.value).startswith(
+        "spec.code.repository: not fetched: this node's git is 2.36.6, older than 2.37"
     )
+    # The job's own input is still said as the job's on such a node.
+    bad = CodeGit(repository="https://127.0.0.1./x.git", commit="0" * 40)
+    with pytest.raises(JobInputError):
+        checkout_git(bad, dest, RUNNERS, tmp_path, git_version=(2, 36, 6))
 
 
 def test_git_that_cannot_run_names_the_field(

@@ -3,6 +3,7 @@ name it saves it as, the address it may connect to, and whose fault each answer 
 
 from __future__ import annotations
 
+import socket
 import warnings
 import zipfile
 from dataclasses import dataclass, field
@@ -79,6 +80,51 @@ def test_a_host_that_does_not_resolve_is_the_platforms(tmp_path: Path) -> None:
             "https://wheels.example/x-1.0-py3-none-any.whl", tmp_path, PUBLIC_ONLY,
             resolver=failing,
         )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("code", "verdict"),
+    [("EAI_NONAME", WheelRefused), ("EAI_NODATA", WheelRefused), ("EAI_AGAIN", WheelUnreachable)],
+)
+def test_a_host_that_does_not_exist_is_the_jobs_a_failing_resolver_the_platforms(
+    tmp_path: Path, code: str, verdict: type[Exception]
+) -> None:
+    # As a repository's host is blamed (``git_remote.lookup``): the answer "no such name"
+    # is the same on every node, a resolver failing is this node's.
+    if not hasattr(socket, code):
+        pytest.skip(f"this platform's resolver has no {code}")
+
+    def resolver(host: str, port: int) -> list[str]:
+        raise socket.gaierror(getattr(socket, code), "no answer")
+
+    with pytest.raises(verdict, match=r"resolving wheels\.example"):
+        fetch_wheel(
+            "https://wheels.example/x-1.0-py3-none-any.whl", tmp_path, PUBLIC_ONLY,
+            resolver=resolver,
+        )  # fmt: skip
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://127.0.0.1./x-1.0-py3-none-any.whl",
+        "https://wh%65els.example/x-1.0-py3-none-any.whl",
+        "https://a@b@wheels.example/x-1.0-py3-none-any.whl",
+        "https://wheels.example:0/x-1.0-py3-none-any.whl",
+        "https://wheels.example:99999/x-1.0-py3-none-any.whl",
+        "https://wheels.example:abc/x-1.0-py3-none-any.whl",
+        "https://[::1/x-1.0-py3-none-any.whl",
+    ],
+)
+def test_a_url_the_api_would_refuse_is_refused_before_any_lookup(tmp_path: Path, url: str) -> None:
+    # One reader of a URL's host (``shared.url_hosts``) for the API, the judgement and the
+    # download, so no form passes one and is read otherwise by another.
+    def resolver(host: str, port: int) -> list[str]:
+        raise AssertionError(f"looked up {host}")
+
+    with pytest.raises(WheelRefused, match="a URL "):
+        fetch_wheel(url, tmp_path, PUBLIC_ONLY, resolver=resolver)
 
 
 @dataclass
@@ -274,26 +320,3 @@ def test_the_wheel_urls_of_an_environment_share_one_deadline(
         cache._download_wheels(tmp_path / "wheels", requirements)
     assert given == [1000, 600, 200]
     assert caught.value.requirement == requirements[3]
-
-
-@pytest.mark.parametrize(
-    ("url", "said"),
-    [
-        ("https://h:0/x-1.0-py3-none-any.whl", "port 0"),
-        ("https://h:99999/x-1.0-py3-none-any.whl", "cannot be read"),
-        ("https://h:abc/x-1.0-py3-none-any.whl", "cannot be read"),
-        ("https://[::1/x-1.0-py3-none-any.whl", "cannot be read"),
-    ],
-)
-def test_a_port_that_is_none_is_refused_before_any_lookup(
-    tmp_path: Path, url: str, said: str
-) -> None:
-    """Port 0 was read as no port (443, judged and connected to); an unreadable one left
-    the download as a ValueError. The API and the runner's check before the job's code
-    refuse them first; the download does not rely on it."""
-
-    def resolver(host: str, port: int) -> list[str]:
-        raise AssertionError("looked up")
-
-    with pytest.raises(WheelRefused, match=said):
-        fetch_wheel(url, tmp_path, PUBLIC_ONLY, resolver=resolver)

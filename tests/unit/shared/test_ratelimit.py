@@ -171,11 +171,41 @@ def test_a_services_limits_are_its_settings_reads_and_writes_apart() -> None:
         ("2001:db8:1:2:ffff:ffff:ffff:ffff", "2001:db8:1:2::/64"),
         ("2001:DB8:1:2:0:0:0:7", "2001:db8:1:2::/64"),  # any spelling of it
         ("fe80::1%eth0", "fe80::/64"),  # the zone is no part of the network
-        ("unknown", "unknown"),  # no peer: as given
+        ("unknown", "unknown"),  # no peer
+        # IPv6 addresses that carry their client's IPv4 address: that address's bucket.
+        ("2002:cb00:7109::1", "203.0.113.9"),  # 6to4: one IPv4 host has a whole /48
+        ("2002:cb00:7109:ffff::1", "203.0.113.9"),  # ... 2^16 /64s, one bucket
+        ("64:ff9b::203.0.113.9", "203.0.113.9"),  # NAT64: every IPv4 client in one /64
+        ("::203.0.113.9", "203.0.113.9"),  # IPv4-compatible: in ::/64 with loopback
+        # Teredo: the /64 is the relay server's (65.54.227.120), shared by all its clients.
+        ("2001:0:4136:e378:8000:63bf:3fff:fdd2", "192.0.2.45"),
+        ("::1", "::1"),  # loopback: one host, no network
+        ("::1%lo", "::1"),
     ],
 )
 def test_a_client_is_keyed_by_its_ipv4_address_or_its_ipv6_64(address: str, key: str) -> None:
     assert client_key(address) == key
+
+
+@pytest.mark.parametrize(
+    "address", ["", "unknown", "garbage-1", "1.2.3.4.5", "[::1]", "x" * 16_000, "::1%"]
+)
+def test_what_is_no_ip_address_is_one_key_whatever_it_says(address: str) -> None:
+    """Kept as given, a client that can write its address (the ``X-Forwarded-For`` a
+    trusted peer passes on) had a fresh bucket with each value, each key as long as a
+    header: as many buckets as it liked, their memory bound only by their number."""
+    assert client_key(address) == "unknown"
+
+
+def test_one_6to4_host_has_one_bucket_with_its_ipv4_address() -> None:
+    """A host with one IPv4 address has the 2^16 /64s of its 6to4 /48: keyed by /64, as
+    many fresh buckets."""
+    limiter = RateLimiter(rate=0.001, burst=2, clock=Clock())
+    assert limiter.take(client_key("2002:cb00:7109:1::1")) == 0.0
+    assert limiter.take(client_key("2002:cb00:7109:2::1")) == 0.0
+    assert limiter.take(client_key("2002:cb00:7109:3::1")) > 0
+    assert limiter.take(client_key("203.0.113.9")) > 0  # the same host, natively
+    assert limiter.take(client_key("2002:cb00:710a:1::1")) == 0.0  # another IPv4 host
 
 
 def test_addresses_of_one_ipv6_64_share_a_bucket_and_of_another_64_do_not() -> None:

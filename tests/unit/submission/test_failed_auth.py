@@ -68,9 +68,9 @@ def test_a_token_refused_since_it_was_seen_valid_is_vouched_for_no_more() -> Non
     clock = Clock()
     failures = FailedAuthentications(rate=1, burst=1, clock=clock)
     failures.succeeded(GOOD)
-    failures.failed("proxy", GOOD)  # revoked since: its lookup refused it
-    assert failures.refusal("proxy", GOOD) is not None
-    assert failures.refusal("elsewhere", GOOD) is None  # another address: not held back
+    failures.failed("192.0.2.1", GOOD)  # revoked since: its lookup refused it
+    assert failures.refusal("192.0.2.1", GOOD) is not None
+    assert failures.refusal("192.0.2.2", GOOD) is None  # another address: not held back
 
 
 def test_the_addresses_of_one_ipv6_64_share_one_budget_of_failures() -> None:
@@ -86,3 +86,26 @@ def test_the_addresses_of_one_ipv6_64_share_one_budget_of_failures() -> None:
     failures.failed("10.0.0.9")
     refused = failures.refusal("::ffff:10.0.0.9", BAD)  # an IPv4 client, however written
     assert refused is not None and "from this client address: at most" in refused.detail
+
+
+def test_clients_whose_address_is_no_ip_address_share_one_budget_of_failures() -> None:
+    """Whatever a trusted proxy's ``X-Forwarded-For`` names is what uvicorn gives: keyed as
+    given, a client writing a new value there at each request was never held back."""
+    failures = FailedAuthentications(rate=0.5, burst=2, clock=Clock())
+    failures.failed("garbage-1")
+    failures.failed("garbage-2")
+    refused = failures.refusal("x" * 10_000, BAD)
+    assert refused is not None and "from this client address: at most" in refused.detail
+    assert failures.refusal("192.0.2.1", BAD) is None  # an IP address: its own budget
+    assert len(failures.limiter) == 1
+
+
+def test_a_6to4_or_nat64_client_shares_the_budget_of_the_ipv4_address_it_carries() -> None:
+    """A 6to4 host has a /48 (2^16 /64s, a fresh budget each); every IPv4 client of a NAT64
+    translator is in its one /64 (one client's failures held back all of them)."""
+    failures = FailedAuthentications(rate=0.5, burst=2, clock=Clock())
+    failures.failed("2002:cb00:7109:1::1")
+    failures.failed("2002:cb00:7109:2::1")
+    assert failures.refusal("203.0.113.9", BAD) is not None
+    assert failures.refusal("64:ff9b::203.0.113.9", BAD) is not None
+    assert failures.refusal("64:ff9b::198.51.100.7", BAD) is None  # another IPv4 client

@@ -28,6 +28,8 @@ export async function render(view, [jobId], { me }) {
   }
   const timers = [];
   const header = h("div");
+  // What became of an action (a cancel refused): below the header, which redraws every 3 s.
+  const notice = h("div", { id: "job-notice" });
   const stats = h("div", { class: "stats", id: "job-stats" });
   const pending = h("div", { id: "pending" });
   const failure = h("div", { id: "failure" });
@@ -41,7 +43,7 @@ export async function render(view, [jobId], { me }) {
   const logBox = h("pre", { class: "logs", id: "logs", tabindex: "0" });
   const logState = h("span", { class: "muted", id: "log-state" });
 
-  view.append(header, stats, pending, failure, verdictBox,
+  view.append(header, notice, stats, pending, failure, verdictBox,
     card("Metrics", charts),
     h("div", { class: "columns" }, card("Timeline", timeline), card("Checkpoints", checkpoints)),
     model,
@@ -106,10 +108,13 @@ export async function render(view, [jobId], { me }) {
     const entries = job.history || [];
     replace(timeline, h("ol", { class: "timeline" }, entries.map((entry, i) => {
       const next = entries[i + 1];
-      const lasted = next ? (Date.parse(next.at) - Date.parse(entry.at)) / 1000 : null;
+      // The status a living job is in has lasted until now: how long it has waited is what
+      // a person opening a pending job asks first.
+      const until = next ? Date.parse(next.at) : job.terminal ? null : Date.now();
+      const lasted = until === null ? null : (until - Date.parse(entry.at)) / 1000;
       return h("li", { class: `tl-${entry.status.toLowerCase()}` },
         h("div", { class: "tl-head" }, statusBadge(entry.status), h("span", { class: "muted" }, absolute(entry.at)),
-          lasted !== null ? h("span", { class: "muted" }, ` · ${duration(lasted)}`) : null),
+          lasted !== null ? h("span", { class: "muted" }, ` · ${duration(lasted)}${next ? "" : " so far"}`) : null),
         entry.reason ? h("div", { class: "tl-reason" }, entry.reason) : null);
     })));
   }
@@ -156,11 +161,12 @@ export async function render(view, [jobId], { me }) {
 
   async function cancel() {
     if (!confirm(`Cancel job ${job.name}?`)) return;
+    replace(notice);
     try {
       job = (await call("submission", `/v1/jobs/${encodeURIComponent(job.id)}/cancel`, { method: "POST" })).data;
       draw();
     } catch (error) {
-      header.append(errorMessage(error, "the cancellation"));
+      replace(notice, message("error", "The job was not cancelled.", error.message || String(error)));
     }
   }
 
