@@ -269,7 +269,10 @@ def judged_addresses(
             problem = address_problem(address)
             if problem is not None and not allowed.allows_address(address):
                 if literal is None:
-                    named = f"the host {host}, which resolves to {address},"
+                    # The node's own DNS answered: the tenant learns the kind of address,
+                    # never the address (it would map the node's internal names for them).
+                    problem = problem.partition(" (as ")[0]
+                    named = f"the host {host}, which resolves to"
                 elif str(address) == host:
                     named = f"the address {address},"
                 else:

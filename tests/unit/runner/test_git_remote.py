@@ -113,14 +113,14 @@ def test_a_name_that_resolves_to_a_private_address_is_refused_saying_so() -> Non
     with pytest.raises(RemoteRefused) as refused:
         fetch_plan("https://git.corp.example/x.git", NONE, answers("10.0.0.5"))
     assert str(refused.value) == (
-        "names the host git.corp.example, which resolves to 10.0.0.5, a private address; "
+        "names the host git.corp.example, which resolves to a private address; "
         "this node fetches code only from public addresses unless its operator allows the "
         "network (TRAINYARD_RUNNER_FETCH_ALLOW_PRIVATE)"
     )
 
 
 def test_one_address_that_is_not_public_among_public_ones_is_enough_to_refuse() -> None:
-    with pytest.raises(RemoteRefused, match=r"resolves to ::1, a loopback"):
+    with pytest.raises(RemoteRefused, match=r"resolves to a loopback"):
         fetch_plan("https://h.example/x.git", NONE, answers("140.82.112.3", "::1"))
 
 
@@ -129,8 +129,9 @@ def test_what_the_operator_allows_is_fetched_from_all_the_same() -> None:
     plan = fetch_plan("https://git.corp.example/x.git", networks, answers("10.0.0.5"))
     assert "http.curloptResolve=git.corp.example:443:10.0.0.5" in plan.options
     fetch_plan("git://[fd00::5]/x.git", networks)
-    with pytest.raises(RemoteRefused, match=r"127\.0\.0\.1, a loopback"):
+    with pytest.raises(RemoteRefused, match=r"resolves to a loopback address;") as refused:
         fetch_plan("https://git.corp.example/x.git", networks, answers("127.0.0.1"))
+    assert "127.0.0.1" not in str(refused.value)  # the node's DNS answer is not the tenant's
     by_name = PrivateAllowed.parse(["Git.Corp.Example."])
     fetch_plan("git://git.corp.example/x.git", by_name, answers("10.0.0.5"))
     with pytest.raises(RemoteRefused):  # exactly that name, not one below it
