@@ -227,6 +227,10 @@ LabelQuery = Annotated[
 TeamName = Annotated[
     str | None, QueryParameter(pattern=NAME_PATTERN, description="operators: another team")
 ]
+AllTeams = Annotated[
+    bool,
+    QueryParameter(description="operators: every team's (not with team); anyone else: 403"),
+]
 UserName = Annotated[
     str | None, QueryParameter(pattern=NAME_PATTERN, description="admins: another user")
 ]
@@ -772,7 +776,7 @@ def job_schema() -> Response[str]:
     return Response(jobschema.render(), media_type="application/schema+json")
 
 
-@get("/jobs")
+@get("/jobs", responses=error_responses(404))
 async def list_jobs(
     pool: Pool,
     caller: Me,
@@ -784,17 +788,29 @@ async def list_jobs(
     project: NameQuery = None,
     experiment: NameQuery = None,
     label: LabelQuery = None,
+    team: TeamName = None,
+    all_teams: AllTeams = False,
 ) -> Response[list[JobSummary]]:
     """The team's jobs, newest first, a page at a time; ``id_prefix``, ``user``, ``project``,
     ``experiment`` and ``label`` (``KEY=VALUE``) narrow the list (all that are given must
-    hold). When more follow, the
+    hold). Operators list another team's with ``team`` (anyone else: 404, as for a team that
+    does not exist) or every team's with ``all_teams=true`` (anyone else: 403); each job
+    names its team. When more follow, the
     answer has ``Link: </v1/jobs?...&after=CURSOR>; rel="next"`` (same filters); the body
     stays a plain list. A cursor this endpoint did not give is a 422 on ``after``."""
     filters = JobFilters(
         id_prefix=id_prefix, user=user, project=project, experiment=experiment, label=label
     )
-    jobs, cursor = await commands.list_jobs(pool, caller, status, limit, after, filters)
-    query = {"limit": str(limit), **({"status": str(status)} if status else {}), **filters.query()}
+    jobs, cursor = await commands.list_jobs(
+        pool, caller, status, limit, after, filters, team=team, all_teams=all_teams
+    )
+    query = {
+        "limit": str(limit),
+        **({"status": str(status)} if status else {}),
+        **filters.query(),
+        **({"team": team} if team else {}),
+        **({"all_teams": "true"} if all_teams else {}),
+    }
     return paging.listed(jobs, "/v1/jobs", query, cursor)
 
 

@@ -3,7 +3,8 @@
 Contract:
 - Every operation on jobs takes the authenticated ``Caller`` and touches only the
   caller's team; a job of another team is ``NotFound``, exactly like a job that does not
-  exist, so ids of other teams cannot be probed. Operators address any team's job by id.
+  exist, so ids of other teams cannot be probed. Operators address any team's job by id,
+  and list any team's jobs or every team's (``list_jobs``).
 - Roles (``shared.identity.Role``): viewers read; members also submit and cancel their own
   jobs; admins cancel any job of their team (403 otherwise). Every write of an admin or an
   operator is recorded in the audit log in the same transaction (``shared.audit``).
@@ -53,7 +54,7 @@ from typing import Any
 
 import asyncpg
 
-from trainyard_platform.services.submission import logs
+from trainyard_platform.services.submission import identity, logs
 from trainyard_platform.services.submission import repository as repo
 from trainyard_platform.services.submission.domain import JobStatus
 from trainyard_platform.services.submission.errors import Conflict, Forbidden, NotFound
@@ -443,7 +444,8 @@ async def get_job(pool: asyncpg.Pool, caller: Caller, job_id: str) -> JobView:
 
 
 JOBS = paging.Cursor("GET /v1/jobs", paging.instant, paging.text)
-"""A page's position in a team's jobs: the last job's submission and id."""
+"""A page's position in a list of jobs: the last job's submission and id. Every list of
+jobs (a team's, every team's) is in that one order, so a position is all a cursor needs."""
 
 
 async def list_jobs(
@@ -453,15 +455,27 @@ async def list_jobs(
     limit: int,
     after: str | None = None,
     filters: JobFilters | None = None,
+    team: str | None = None,
+    all_teams: bool = False,
 ) -> tuple[list[JobSummary], str | None]:
     """A page of the team's jobs, newest first: at most ``limit``, those listed after the
     cursor ``after`` (from an earlier page; none: from the newest). Returns the page and the
     cursor of the next one (None: this page is the last). A cursor is a position, not a
-    snapshot: jobs submitted since never appear on later pages, none is listed twice."""
+    snapshot: jobs submitted since never appear on later pages, none is listed twice.
+
+    ``team`` (default: the caller's) lists another team's, for operators
+    (``identity.team_in_reach``: another team is ``NotFound`` to anyone else, as one that
+    does not exist); ``all_teams`` every team's, for operators only (``Denied`` to anyone
+    else), and not with ``team`` (``RequestInvalid`` naming ``all_teams``)."""
+    if all_teams and team is not None:
+        raise RequestInvalid.one("all_teams", "give team or all_teams, not both")
+    if all_teams:
+        caller.require(Role.OPERATOR, "listing every team's jobs")
     position = JOBS.read(after)
     async with pool.acquire() as conn:
+        team_id = None if all_teams else await identity.team_in_reach(conn, caller, team)
         rows = await repo.jobs_for_team(
-            conn, caller.team_id, status, limit + 1, position, (filters or JobFilters()).query()
+            conn, team_id, status, limit + 1, position, (filters or JobFilters()).query()
         )
     page, more = paging.split(rows, limit)
     cursor = JOBS.write(page[-1]["submitted_at"], page[-1]["id"]) if more else None

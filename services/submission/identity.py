@@ -316,8 +316,10 @@ async def team(pool: asyncpg.Pool, name: str) -> TeamView:
     return TeamView(team=name)
 
 
-async def _team_in_reach(conn: asyncpg.Connection, caller: Caller, team: str | None) -> int:
-    """The id of ``team`` (default: the caller's) when the caller may manage it."""
+async def team_in_reach(conn: asyncpg.Connection, caller: Caller, team: str | None) -> int:
+    """The id of ``team`` (default: the caller's) when the caller may reach it: its own
+    team, or any team for an operator. Any other team is ``NotFound``, exactly like one that
+    does not exist (the rule of every route taking ``team``: its users, tokens, jobs)."""
     if team is None or team == caller.team:
         return caller.team_id
     if not caller.principal.is_operator:
@@ -339,7 +341,7 @@ async def list_users(
     caller.require(Role.ADMIN, "listing users")
     key = USERS.read(after)
     async with pool.acquire() as conn:
-        team_id = await _team_in_reach(conn, caller, team)
+        team_id = await team_in_reach(conn, caller, team)
         fetched = await repo.users(conn, team_id, limit + 1, key[0] if key else "")
     rows, more = paging.split(fetched, limit)
     shown = team or caller.team
@@ -370,7 +372,7 @@ async def get_user(pool: asyncpg.Pool, caller: Caller, name: str, team: str | No
     admins; ``NotFound`` outside the caller's reach."""
     caller.require(Role.ADMIN, "reading users")
     async with pool.acquire() as conn:
-        row = await repo.user(conn, await _team_in_reach(conn, caller, team), name)
+        row = await repo.user(conn, await team_in_reach(conn, caller, team), name)
     if row is None:
         raise NotFound(f"no user {name!r} in team {team or caller.team!r}")
     return UserView(
@@ -388,7 +390,7 @@ async def _other_user(
     """The user ``name`` of ``team`` (default: the caller's) that the caller may manage, its
     row locked: ``NotFound`` outside its reach, ``Conflict`` when it is the caller (``you
     cannot what``)."""
-    row = await repo.user(conn, await _team_in_reach(conn, caller, team), name, lock=True)
+    row = await repo.user(conn, await team_in_reach(conn, caller, team), name, lock=True)
     if row is None:
         raise NotFound(f"no user {name!r} in team {team or caller.team!r}")
     if row["id"] == caller.user_id:
@@ -498,7 +500,7 @@ async def _user_in_reach(
     if (user is None or user == caller.user) and (team is None or team == caller.team):
         return caller.user_id
     caller.require(Role.ADMIN, "managing another user's tokens")
-    team_id = await _team_in_reach(conn, caller, team)
+    team_id = await team_in_reach(conn, caller, team)
     row = await repo.user(conn, team_id, user or caller.user)
     if row is None:
         raise NotFound(f"no user {user!r} in team {team or caller.team!r}")

@@ -393,11 +393,11 @@ _FILTERS = {
     "experiment": "j.spec ->> 'experiment' = ${n}",
     "label": "j.spec -> 'labels' @> ${n}::jsonb",
 }
-"""The conditions of ``GET /v1/jobs``'s filters: each narrows the walk of the team's index."""
+"""The conditions of ``GET /v1/jobs``'s filters: each narrows the walk of the list's index."""
 
 
 def jobs_for_team_query(
-    team_id: int,
+    team_id: int | None,
     status: str | None,
     after: tuple[datetime, str] | None,
     limit: int,
@@ -405,10 +405,14 @@ def jobs_for_team_query(
 ) -> tuple[str, list[Any]]:
     """The SQL and parameters of ``jobs_for_team``. Each combination of filters is its own
     statement (no ``$n IS NULL OR ...``), so each keeps a plan that walks an index in list
-    order: ``jobs_team_newest``, or ``jobs_team_status_newest`` with a status; the keyset
-    ``after`` is a range condition of that same index."""
-    where: list[str] = ["j.team_id = $1"]
-    params: list[Any] = [team_id]
+    order: ``jobs_team_newest``, or ``jobs_team_status_newest`` with a status (every team's,
+    ``team_id`` None: ``jobs_newest``, ``jobs_status_newest``); the keyset ``after`` is a
+    range condition of that same index."""
+    where: list[str] = []
+    params: list[Any] = []
+    if team_id is not None:
+        params.append(team_id)
+        where.append(f"j.team_id = ${len(params)}")
     if status is not None:
         params.append(status)
         where.append(f"j.status = ${len(params)}")
@@ -425,7 +429,7 @@ def jobs_for_team_query(
                 CROSS JOIN LATERAL (
                     SELECT coalesce(sum(k.cost), 0) AS cost, min(k.currency) AS currency
                     FROM job_costs k WHERE k.job_id = j.id) c
-            WHERE {" AND ".join(where)}
+            {"WHERE " + " AND ".join(where) if where else ""}
             ORDER BY j.submitted_at DESC, j.id DESC
             LIMIT ${len(params)}"""
     return sql, params
@@ -433,14 +437,14 @@ def jobs_for_team_query(
 
 async def jobs_for_team(
     conn: asyncpg.Connection,
-    team_id: int,
+    team_id: int | None,
     status: str | None,
     limit: int,
     after: tuple[datetime, str] | None = None,
     filters: Mapping[str, str] | None = None,
 ) -> list[asyncpg.Record]:
-    """The team's jobs, newest first (by ``submitted_at``, then id), each with its cost so
-    far (the columns of ``views.job_summary``); with ``after`` (a job's ``(submitted_at,
+    """The team's jobs (``team_id`` None: every team's), newest first (by ``submitted_at``,
+    then id), each with its cost so far (the columns of ``views.job_summary``); with ``after`` (a job's ``(submitted_at,
     id)``), only those listed after it; with ``filters`` (``_FILTERS``), only those that
     match them all."""
     sql, params = jobs_for_team_query(team_id, status, after, limit, filters)

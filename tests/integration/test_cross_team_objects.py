@@ -129,7 +129,9 @@ NOT_OBJECTS: dict[str, str] = {
         ("keys", "max_points", "from_step", "to_step", "status", "granularity", "start", "end"),
         "a selection within what the other parameters named",
     ),
-    **dict.fromkeys(("group_by", "retired", "dry_run", "label", "granted"), "a mode or filter"),
+    **dict.fromkeys(
+        ("group_by", "retired", "dry_run", "label", "granted", "all_teams"), "a mode or filter"
+    ),
     "queue": "the platform's queues, the same for every team",
     "flavor": "the platform's GPU flavors, the same for every team",
     # the handler's own arguments, never the caller's
@@ -150,7 +152,9 @@ PLATFORM_PATHS: dict[tuple[str, str, str], str] = {
 """Path parameters that name an object of the platform, no team's, by the route it is in."""
 
 SCOPED: dict[tuple[str, str, str], str] = {
-    ("submission", "GET", "/v1/jobs"): "the caller's team's jobs, whatever the filter",
+    ("submission", "GET", "/v1/jobs"): (
+        "the caller's team's jobs, whatever the filter (another team: 404; every team: 403)"
+    ),
     ("submission", "GET", "/v1/tokens"): "the caller's own tokens (an admin: its team's)",
     ("submission", "GET", "/v1/admin/users"): "the caller's team's users",
     ("registry", "GET", "/v1/models"): "the caller's team's models and those granted to it",
