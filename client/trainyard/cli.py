@@ -297,6 +297,11 @@ def _parser() -> argparse.ArgumentParser:
         default=cli_jobs.LS_LIMIT,
         help=f"at most this many ({cli_jobs.LS_LIMIT})",
     )
+    teams = listing.add_mutually_exclusive_group()
+    teams.add_argument("--team", metavar="TEAM", help="operators: this team's jobs")
+    teams.add_argument(
+        "--all-teams", action="store_true", help="operators: every team's jobs (a TEAM column)"
+    )
     listing.add_argument("--after", metavar="CURSOR", help="the page after this cursor")
     listing.add_argument("--all", action="store_true", help="every page")
     get = command("get", cli_jobs.get, "jobs as table rows")

@@ -33,13 +33,13 @@ from trainyard.cli_base import (
 )
 from trainyard.cli_render import (
     LIST_HEADER,
-    NO_JOBS,
     FollowPrinter,
     list_row,
     money,
     none_yet,
     pending_text,
     render_job,
+    render_list,
     stream_text,
     summary_reason,
     table,
@@ -750,6 +750,8 @@ def ls(session: Session) -> int:
         "project": args.project,
         "experiment": args.experiment,
         "label": "=".join(args.label) if args.label else None,
+        "team": args.team,
+        "all_teams": "true" if args.all_teams else None,
     }
     jobs: list[dict[str, Any]] = []
     cursor = args.after
@@ -760,7 +762,7 @@ def ls(session: Session) -> int:
         jobs += [j for j in page if all(_matches(j, k, v) for k, v in filters.items())]
         if not cursor or not page or (len(jobs) >= args.limit and not args.all):
             break
-    session.emit(jobs, lambda: table(LIST_HEADER, [list_row(j) for j in jobs], empty=NO_JOBS))
+    session.emit(jobs, lambda: render_list(jobs, with_team=args.all_teams))
     if cursor and not session.as_json and not args.all:
         note(f"more jobs: {_next_page_command(args, cursor)}")
     return Exit.OK
@@ -774,11 +776,13 @@ def _next_page_command(args: argparse.Namespace, cursor: str) -> str:
         words += ["--status", args.status.lower()]
     if args.mine:
         words.append("--mine")
-    for option in ("user", "project", "experiment"):
+    for option in ("user", "project", "experiment", "team"):
         if getattr(args, option):
             words += [f"--{option}", getattr(args, option)]
     if args.label:
         words += ["--label", "=".join(args.label)]
+    if args.all_teams:
+        words.append("--all-teams")
     if args.limit != LS_LIMIT:
         words += ["--limit", str(args.limit)]
     return shlex.join([*words, "--after", cursor])

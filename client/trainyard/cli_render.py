@@ -249,8 +249,12 @@ LIST_HEADER = ("ID", "NAME", "USER", "STATUS", "REASON", "GPUS", "SUBMITTED", "D
 REASON_WIDTH = 48
 
 
-def render_list(jobs: list[dict[str, Any]]) -> str:
-    """The job list as a table (``no jobs`` when empty)."""
+def render_list(jobs: list[dict[str, Any]], with_team: bool = False) -> str:
+    """The job list as a table (``no jobs`` when empty); ``with_team``: a TEAM column first
+    (a list of every team's jobs)."""
+    if with_team:
+        rows = [(str(j.get("team", "-")), *list_row(j)) for j in jobs]
+        return table(("TEAM", *LIST_HEADER), rows, empty=NO_JOBS)
     return table(LIST_HEADER, [list_row(j) for j in jobs], empty=NO_JOBS)
 
 

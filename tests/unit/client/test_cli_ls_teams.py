@@ -1,0 +1,84 @@
+"""``trainyard ls --team T`` and ``--all-teams`` (operators): the API is asked for that team's
+jobs or every team's, every team's list shows a TEAM column, and the next page's command
+keeps the choice; the two options together are a usage error, nothing sent."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from trainyard import cli
+
+from .conftest import routed_api
+
+
+def _job(n: int, team: str) -> dict[str, object]:
+    return {
+        "id": f"abc1234{n}-0000-4000-8000-00000000000{n}",
+        "name": f"run-{n}",
+        "team": team,
+        "user": "alice",
+        "status": "RUNNING",
+        "submitted_at": "2026-12-06T14:00:00Z",
+        "gpus": 1,
+        "gpu_flavor": "cpu",
+        "cost": 0.0,
+        "currency": None,
+    }
+
+
+@pytest.fixture
+def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
+    monkeypatch.setenv("TRAINYARD_TOKEN", "ty_a")
+    state = routed_api(tmp_path, monkeypatch, {"TRAINYARD_URL": "http://api.test"})
+    state["route"] = lambda r: httpx.Response(
+        200,
+        json=[_job(1, "vision"), _job(2, "audio")],
+        headers={"Link": '<http://api.test/v1/jobs?after=CUR>; rel="next"'},
+    )
+    return state
+
+
+def test_all_teams_asks_for_every_teams_jobs_and_shows_their_teams(
+    state: dict[str, list[httpx.Request]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["ls", "--all-teams", "--status", "running", "--limit", "2"]) == 0
+    (sent,) = state["sent"]
+    assert sent.url.path == "/v1/jobs"
+    assert sent.url.params["all_teams"] == "true" and "team" not in sent.url.params
+    assert sent.url.params["status"] == "RUNNING"
+    out, err = capsys.readouterr()
+    header, *rows = out.splitlines()
+    assert header.split()[:2] == ["TEAM", "ID"]
+    assert [row.split()[0] for row in rows] == ["vision", "audio"]
+    assert err.splitlines() == [
+        "more jobs: trainyard ls --status running --all-teams --limit 2 --after CUR"
+    ]
+
+
+def test_team_asks_for_that_teams_jobs(
+    state: dict[str, list[httpx.Request]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    state["route"] = lambda r: httpx.Response(  # type: ignore[assignment]
+        200,
+        json=[_job(1, "vision")],
+        headers={"Link": '<http://api.test/v1/jobs?after=CUR>; rel="next"'},
+    )
+    assert cli.main(["ls", "--team", "vision", "--limit", "1"]) == 0
+    (sent,) = state["sent"]
+    assert sent.url.params["team"] == "vision" and "all_teams" not in sent.url.params
+    out, err = capsys.readouterr()
+    assert out.splitlines()[0].split()[0] == "ID"  # one team: no TEAM column
+    assert err.splitlines() == ["more jobs: trainyard ls --team vision --limit 1 --after CUR"]
+
+
+def test_team_and_all_teams_together_are_a_usage_error(
+    state: dict[str, list[httpx.Request]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["ls", "--team", "vision", "--all-teams"])
+    assert exited.value.code == 2
+    assert "not allowed with argument" in capsys.readouterr().err
+    assert state["sent"] == []
