@@ -1,10 +1,12 @@
 """``GET /v1/jobs`` of another team (``team``) and of every team (``all_teams=true``), for
 operators: each job names its team, the keyset pages go through every team's jobs once,
 the filters still narrow; anyone else naming another team gets 404, as from the other
-routes taking ``team``, and asking for every team 403."""
+routes taking ``team``, and asking for every team 403. A page of every team's is a range
+of an index in list order (migration 0017), as a team's page is of its own."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -14,6 +16,7 @@ import pytest
 
 from tests.integration.submission.conftest import SPEC, Submission
 from trainyard_platform.services.submission import identity
+from trainyard_platform.services.submission import repository as repo
 from trainyard_platform.shared.identity import Role
 
 pytestmark = pytest.mark.integration
@@ -176,3 +179,48 @@ async def test_a_bad_team_or_all_teams_is_a_422_naming_it(
     response = await submission.client.get("/v1/jobs", params=params, headers=submission.auth(root))
     assert response.status_code == 422, response.text
     assert [e["field"] for e in response.json()["errors"]] == [field]
+
+
+def _nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every node of an ``EXPLAIN (FORMAT JSON)`` plan."""
+    return [plan, *(node for child in plan.get("Plans", []) for node in _nodes(child))]
+
+
+@pytest.mark.parametrize(
+    ("status", "index"), [(None, "jobs_newest"), ("PENDING", "jobs_status_newest")]
+)
+async def test_a_page_of_every_team_walks_an_index_in_list_order(
+    submission: Submission, status: str | None, index: str
+) -> None:
+    """20,000 jobs of 10 teams: a page of every team's (first or half-way down, with a
+    status or not) is one range of an index in list order, not a sort of the table."""
+    teams = [f"team{n}" for n in range(10)]
+    for team in teams:
+        await identity.bootstrap_user(submission.pool, team, "owner")
+    async with submission.pool.acquire() as conn:
+        await conn.execute(
+            "INSERT INTO jobs (id, team_id, user_id, name, spec, status, submitted_at, "
+            "updated_at) "
+            "SELECT gen_random_uuid()::text, u.team_id, u.id, 'job-' || i, $1::jsonb, "
+            "CASE WHEN i % 50 = 0 THEN 'PENDING' ELSE 'QUEUED' END, $2::timestamptz + i * interval '1 s', "
+            "$2::timestamptz + i * interval '1 s' "
+            "FROM generate_series(1, 20000) i "
+            "JOIN users u ON u.name = 'owner' "
+            "JOIN teams t ON t.id = u.team_id AND t.name = 'team' || (i % 10)",
+            SPEC,
+            T0,
+        )
+        await conn.execute("ANALYZE jobs")
+        middle = await conn.fetchrow(
+            "SELECT submitted_at, id FROM jobs ORDER BY submitted_at DESC, id DESC "
+            "OFFSET 10000 LIMIT 1"
+        )
+        for after in (None, (middle["submitted_at"], middle["id"])):
+            sql, params = repo.jobs_for_team_query(None, status, after, 51)
+            plan = json.loads(
+                await conn.fetchval(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {sql}", *params)
+            )[0]["Plan"]
+            nodes = _nodes(plan)
+            assert not [n for n in nodes if n["Node Type"] in ("Sort", "Incremental Sort")], plan
+            scans = [n for n in nodes if n.get("Relation Name") == "jobs"]
+            assert [n.get("Index Name") for n in scans] == [index], plan
