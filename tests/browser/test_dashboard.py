@@ -395,8 +395,33 @@ def test_every_page_shows_what_a_person_looks_for(browser: Any, world: World) ->
     wait(driver, "the sign-in form", lambda d: d.find_elements("id", "token"))
     assert driver.execute_script("return sessionStorage.length") == 0
 
-    # The operator's cluster view: queues and the GPU grid with the running job on a GPU.
+    # The operator's jobs: every team's, with a Team column; the team filter narrows them.
+    from selenium.webdriver.common.keys import Keys
+
     login(driver, world, "operator")
+    visit(driver, "/jobs", "Every team: newest first.")
+    headers = [th.text for th in driver.find_elements("css selector", "#jobs thead th")]
+    assert headers[:2] == ["Team", "Status"], headers
+    team_filter = driver.find_element("id", "team-filter")
+    for team, ours, theirs in (
+        ("audio", world.jobs["other"], finished),
+        ("vision", finished, world.jobs["other"]),
+    ):
+        team_filter.clear()
+        team_filter.send_keys(team, Keys.ENTER)
+        wait(
+            driver,
+            f"team {team}'s jobs only",
+            lambda d, ours=ours, theirs=theirs: (
+                ours["name"] in d.find_element("id", "jobs").text
+                and theirs["name"] not in d.find_element("id", "jobs").text
+            ),
+        )
+        cells = driver.find_elements("css selector", "#jobs tbody td:first-child")
+        assert cells and {cell.text for cell in cells} == {team}
+    assert "Team vision: newest first." in driver.find_element("tag name", "body").text
+
+    # The operator's cluster view: queues and the GPU grid with the running job on a GPU.
     visit(driver, "/nodes", "GPUs allocated")
     cells = driver.find_elements("css selector", ".gpu.used a")
     assert running["id"][:8] in {cell.text for cell in cells}
