@@ -383,6 +383,7 @@ def test_every_text_on_every_page_has_the_contrast_wcag_aa_asks(
     failures["experiment long-sweep"] = contrast_failures(driver)
     sign_in(driver, priced, token=priced.operator)
     for route, ready in (
+        ("/jobs", "Every team: newest first."),
         ("/queues", "Every team's queue"),
         ("/nodes", "Nodes"),
         ("/costs", "Most expensive jobs"),
