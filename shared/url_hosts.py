@@ -31,7 +31,15 @@ the message a predicate of the URL: "holds ...", "names ..."):
   curl takes the first ``@`` where ``urlsplit`` takes the last: each would name another
   host);
 * an IPv6 zone (``[fe80::1%eth0]``: one of the node's own interfaces, and any text), a
-  bracketed host that is no IPv6 address, port 0.
+  bracketed host that is no IPv6 address, port 0;
+* in a ``git://`` URL, an authority ended by ``?`` or ``#`` rather than ``/``, or ``@[``
+  after the authority: git takes a git:// URL's host apart itself (``connect.c``), not as
+  ``urlsplit`` or curl do: up to the first ``/``, and, when ``@[`` stands anywhere in the
+  URL, its path included, from the bracket after it (``git://h/x@[.a.example]:4222/y`` is
+  the host ``h/x@.a.example``, port 4222, to git). The runner hands git the URL with its
+  authority replaced by the address judged (``git_remote.fetch_plan``): git would look up a
+  name of its own instead, which ends in a domain the tenant's DNS answers, at a port of
+  its choosing.
 """
 
 from __future__ import annotations
@@ -101,6 +109,8 @@ def read_url(url: str, schemes: Mapping[str, int], unreadable: str) -> UrlHost:
         raise ValueError(
             "holds more than one '@' before its path: programs read different hosts in it"
         )
+    if scheme.lower() == "git":
+        _read_by_git_as_written(rest, authority)
     try:
         parts = urlsplit(url)
         port = parts.port
@@ -116,6 +126,22 @@ def read_url(url: str, schemes: Mapping[str, int], unreadable: str) -> UrlHost:
     bracketed = authority.rpartition("@")[2].startswith("[")
     address = read_host(host, bracketed=bracketed)
     return UrlHost(scheme.lower(), host, port or schemes[scheme.lower()], address)
+
+
+def _read_by_git_as_written(rest: str, authority: str) -> None:
+    """``ValueError`` unless git reads the authority of a git:// URL (``rest``, after its
+    ``://``) where ``urlsplit`` does (module docstring)."""
+    after = rest[len(authority) :]  # the runner hands git this after the address judged
+    if "@[" in after:
+        raise ValueError(
+            "holds '@[' after its host, from which git reads a git:// URL's host wherever it "
+            "stands, its path included: git would connect to another host than the one judged"
+        )
+    if after[:1] not in ("", "/"):
+        raise ValueError(
+            "ends its host with '?' or '#', which git reads as part of a git:// URL's host: "
+            "a path follows the host after '/'"
+        )
 
 
 def read_host(host: str, *, bracketed: bool) -> IPAddress | None:

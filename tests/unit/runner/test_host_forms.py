@@ -152,3 +152,34 @@ def test_the_trailing_dot_address_is_the_jobs_input_at_the_api_naming_the_reason
     assert refused is not None
     assert "names the host '127.0.0.1.', which ends in a number" in refused
     assert "write an address as four decimal numbers (192.0.2.1) without a final dot" in refused
+
+
+@pytest.mark.parametrize(
+    ("repository", "said"),
+    [
+        ("git://example.com/x@[.evil.example]:4222/y.git", "holds '@[' after its host"),
+        ("git://example.com/@[::1]/y.git", "holds '@[' after its host"),
+        ("git://example.com?.evil.example/y.git", "ends its host with '?' or '#'"),
+        ("git://example.com#.evil.example/y.git", "ends its host with '?' or '#'"),
+    ],
+)
+def test_a_git_url_git_reads_another_host_in_is_refused_by_both(repository: str, said: str) -> None:
+    """git takes a git:// URL's host apart itself: up to the first '/', and from an '@['
+    wherever it stands. The runner hands git the URL with the address judged for its host,
+    and git read ``140.82.112.3:9418/x@.evil.example``, port 4222, from the first: a name the
+    tenant's DNS answers, at the port of NATS. The API took it."""
+    refused = _api_repository(repository)
+    assert refused is not None
+    if "@[" in repository:  # '?' or '#' before the path: by the API's own pattern first
+        assert said in refused, refused
+    with pytest.raises(RemoteRefused, match=re.escape(said)):
+        fetch_plan(repository, PUBLIC_ONLY, answers("140.82.112.3"))
+
+
+def test_an_https_url_holding_what_git_reads_in_git_urls_is_read_as_curl_reads_it() -> None:
+    """curl reads an https URL's host as ``urlsplit`` does: '@[' in its path is nothing."""
+    repository = "https://example.com/x@[.evil.example]:4222/y.git"
+    assert _api_repository(repository) is None
+    plan = fetch_plan(repository, PUBLIC_ONLY, answers("140.82.112.3"))
+    assert plan.url == repository
+    assert "http.curloptResolve=example.com:443:140.82.112.3" in plan.options

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
-from tests.fixtures.git_servers import Listener, git_daemon
+from tests.fixtures.git_servers import Listener, git_daemon, git_error
 from trainyard_platform.services.runner import git_remote, sandbox
 from trainyard_platform.services.runner.config import Settings as RunnerSettings
 from trainyard_platform.services.runner.git_faults import git_fault
@@ -305,6 +305,46 @@ def test_a_repository_by_ssh_is_the_jobs_input_and_never_reached(tmp_path: Path,
     assert isinstance(error, JobInputError) and failure_kind(error) == "user_error"
     assert str(error).startswith("spec.code.repository: ")
     assert "is an ssh repository, which is not supported" in str(error)
+
+
+@pytest.mark.parametrize(
+    ("form", "refused"),
+    [
+        # git reads a git:// URL's host from an '@[' wherever it stands, its path included:
+        # "127.0.0.1:<judged>/x@.localhost", port <other>, a name the tenant's DNS answers.
+        ("git://git.example:{judged}/x@[.localhost]:{other}/y.git", "holds '@[' after its host"),
+        ("git://git.example:{judged}?@[.localhost]:{other}/y.git", "holds '@[' after its host"),
+        # git reads a git:// URL's host up to the first '/': "127.0.0.1:<judged>?.localhost".
+        ("git://git.example:{judged}?.localhost/y.git", "ends its host with '?' or '#'"),
+        ("git://git.example:{judged}#.localhost/y.git", "ends its host with '?' or '#'"),
+        ("git://git.example:{judged}/x@y/z.git", None),  # an '@' in the path alone
+        # curl reads the host of an https URL as urlsplit does, whatever follows it.
+        ("https://git.example:{judged}/x@[.localhost]:{other}/y.git", None),
+        ("https://git.example:{judged}?@127.0.0.1:{other}/y.git", None),
+        ("https://git.example:{judged}#@127.0.0.1:{other}/y.git", None),
+        ("https://127.0.0.1:{other}@git.example:{judged}/y.git", None),
+    ],
+)
+def test_git_connects_to_the_address_judged_and_nowhere_else(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, form: str, refused: str | None
+) -> None:
+    """Whatever a repository URL holds after its host, the real git, given what
+    ``fetch_plan`` gives it, connects to the address and port judged, or the URL is refused
+    before git runs. Before: a git:// URL holding '@[' (which the API took) or a host ended
+    by '?' was handed to git with the address judged in place of its host, and git read a
+    host of its own from the rest (``unable to look up 127.0.0.1:<port>/x@.localhost (port
+    <other>)``): a name ending in a domain the tenant's DNS answers, at a port it chose."""
+    monkeypatch.setattr(git_remote, "resolve", lambda host, port: ["127.0.0.1"])
+    with Listener(git_error("no such repository")) as judged, Listener() as other:
+        repository = form.format(judged=judged.port, other=other.port)
+        error = checkout_fails(tmp_path, CodeGit(repository=repository, commit="0" * 40), LOOPBACK)
+        assert other.accepted == 0
+        if refused is None:
+            assert judged.accepted >= 1, str(error)
+        else:
+            assert judged.accepted == 0
+            assert isinstance(error, JobInputError), str(error)
+            assert str(error).startswith(f"spec.code.repository: {repository!r} {refused}")
 
 
 def test_a_repository_that_cannot_be_reached_now_is_the_platforms(tmp_path: Path) -> None:
