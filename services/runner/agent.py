@@ -303,9 +303,10 @@ class NodeAgent:
                 "namespace), so a job reaches every port of the host; "
                 "TRAINYARD_RUNNER_JOB_NETWORK=host says this is intended"
             )
-        unpinned = unpinned_git(installed_git())  # learnt once, here at the start
+        # Learnt here at the start; asked again at each fetch while git said no version.
+        unpinned = unpinned_git(installed_git())
         if unpinned is not None:
-            log.error("every job with git code will fail on this node: %s", unpinned)
+            log.error("jobs with git code fail on this node while this holds: %s", unpinned)
         uids = self.job_uids
         killed = kill_leftovers(uids, groups, [e.allocation_id for e in unfinished])
         if killed:

@@ -48,7 +48,6 @@ look up just now (``HostUnresolved``) is retried as the platform's, as when git 
 
 from __future__ import annotations
 
-import functools
 import ipaddress
 import re
 import socket
@@ -326,21 +325,32 @@ def git_version(said: str) -> tuple[int, ...] | None:
     return None if found is None else tuple(int(part or 0) for part in found.groups())
 
 
-@functools.cache
+_LEARNT: list[tuple[int, ...]] = []
+"""This node's git version once git said one (``installed_git``)."""
+
+
 def installed_git() -> tuple[int, ...] | None:
-    """The version of this node's git, learnt once (at the runner's start, or its first
-    fetch); None when git cannot be run or says no version."""
-    try:
-        result = subprocess.run(
-            ["git", "--version"],
-            capture_output=True,
-            timeout=60,
-            check=False,
-            env={"PATH": GIT_PATH},
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return git_version(result.stdout.decode(errors="replace"))
+    """The version of this node's git, learnt once git says one (at the runner's start, or
+    its first fetch after); None while git cannot be run or says no version, and asked again
+    at the next fetch: a failure at the start (git being upgraded, a process limit reached)
+    would otherwise keep every git job from this node until the runner restarts, each a
+    ``NodeFault`` counted towards its cordon."""
+    if not _LEARNT:
+        try:
+            result = subprocess.run(
+                ["git", "--version"],
+                capture_output=True,
+                timeout=60,
+                check=False,
+                env={"PATH": GIT_PATH},
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        version = git_version(result.stdout.decode(errors="replace"))
+        if version is None:
+            return None
+        _LEARNT.append(version)
+    return _LEARNT[0]
 
 
 def unpinned_git(version: tuple[int, ...] | None) -> str | None:

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+import subprocess
 
 import pytest
 from pydantic import SecretStr, ValidationError
 
+from trainyard_platform.services.runner import git_remote
 from trainyard_platform.services.runner.config import Settings
 from trainyard_platform.services.runner.git_remote import (
     HostNotFound,
@@ -24,6 +26,7 @@ from trainyard_platform.services.runner.git_remote import (
     allow_entry,
     fetch_plan,
     git_version,
+    installed_git,
     unpinned_git,
 )
 from trainyard_platform.shared.public_addresses import address_problem
@@ -366,3 +369,29 @@ def test_the_setting_is_empty_by_default_and_parsed_when_given(
     allowed = Settings(admin_token=SecretStr("t")).fetch_private_allowed
     assert allowed.networks == (ipaddress.ip_network("10.1.0.0/16"),)
     assert allowed.hosts == frozenset({"git.corp"})
+
+
+def test_git_that_could_not_be_run_once_is_asked_again_and_a_version_said_is_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before: a git that could not be run at the runner's start (being upgraded, a process
+    limit reached) was remembered as none until the runner restarted, and every git job on
+    the node failed as the node's fault, counted towards its cordon."""
+    said: list[object] = [OSError("git: text file busy"), b"", b"git version 2.39.5\n"]
+    asked: list[list[str]] = []
+
+    def run(command: list[str], **_: object) -> subprocess.CompletedProcess[bytes]:
+        asked.append(command)
+        answer = said.pop(0)
+        if isinstance(answer, BaseException):
+            raise answer
+        assert isinstance(answer, bytes)
+        return subprocess.CompletedProcess(command, 0, answer, b"")
+
+    monkeypatch.setattr(git_remote, "_LEARNT", [])
+    monkeypatch.setattr(subprocess, "run", run)
+    assert installed_git() is None  # could not be run
+    assert installed_git() is None  # said no version
+    assert installed_git() == (2, 39, 5)
+    assert installed_git() == (2, 39, 5)  # kept: git is not asked again
+    assert asked == [["git", "--version"]] * 3
