@@ -4,8 +4,9 @@ and the way git, curl and the installers connect to it.
 A job names hosts a node fetches from in two places: its git repository
 (``spec.code.repository``, ``https://`` or ``git://``) and the wheel URLs of its requirements
 (``spec.requirements[i]``, ``https://``). ``read_url`` takes either apart, each caller giving
-its own schemes (``services.runner.git_remote.parse_remote``, ``shared.requirements.wheel_host``;
-the submission API through them and ``read_url`` itself), and reads its host as one of:
+its own schemes (``shared.requirements.wheel_host`` and the runner's wheel download; a
+repository through ``read_git_url``, by ``services.runner.git_remote.parse_remote`` and the
+submission API alike, which adds git's own rules), and reads its host as one of:
 
 * a host name: ASCII letters, digits and ``-`` in labels of at most 63 characters, at most
   253 in all, one final dot allowed (the same name, written absolute); read in lower case
@@ -31,7 +32,10 @@ the message a predicate of the URL: "holds ...", "names ..."):
   curl takes the first ``@`` where ``urlsplit`` takes the last: each would name another
   host);
 * an IPv6 zone (``[fe80::1%eth0]``: one of the node's own interfaces, and any text), a
-  bracketed host that is no IPv6 address, port 0;
+  bracketed host that is no IPv6 address, port 0.
+
+``read_git_url`` refuses besides what git itself reads otherwise or refuses:
+
 * in a ``git://`` URL, an authority ended by ``?`` or ``#`` rather than ``/``, or ``@[``
   after the authority: git takes a git:// URL's host apart itself (``connect.c``), not as
   ``urlsplit`` or curl do: up to the first ``/``, and, when ``@[`` stands anywhere in the
@@ -39,7 +43,10 @@ the message a predicate of the URL: "holds ...", "names ..."):
   the host ``h/x@.a.example``, port 4222, to git). The runner hands git the URL with its
   authority replaced by the address judged (``git_remote.fetch_plan``): git would look up a
   name of its own instead, which ends in a domain the tenant's DNS answers, at a port of
-  its choosing.
+  its choosing;
+* ``%0a`` (an escaped newline) anywhere: git refuses such an https URL ("url contains a
+  newline") on every node, which the runner could tell only from git's words, after the
+  job was granted.
 """
 
 from __future__ import annotations
@@ -109,8 +116,6 @@ def read_url(url: str, schemes: Mapping[str, int], unreadable: str) -> UrlHost:
         raise ValueError(
             "holds more than one '@' before its path: programs read different hosts in it"
         )
-    if scheme.lower() == "git":
-        _read_by_git_as_written(rest, authority)
     try:
         parts = urlsplit(url)
         port = parts.port
@@ -128,20 +133,27 @@ def read_url(url: str, schemes: Mapping[str, int], unreadable: str) -> UrlHost:
     return UrlHost(scheme.lower(), host, port or schemes[scheme.lower()], address)
 
 
-def _read_by_git_as_written(rest: str, authority: str) -> None:
-    """``ValueError`` unless git reads the authority of a git:// URL (``rest``, after its
-    ``://``) where ``urlsplit`` does (module docstring)."""
-    after = rest[len(authority) :]  # the runner hands git this after the address judged
-    if "@[" in after:
-        raise ValueError(
-            "holds '@[' after its host, from which git reads a git:// URL's host wherever it "
-            "stands, its path included: git would connect to another host than the one judged"
-        )
-    if after[:1] not in ("", "/"):
-        raise ValueError(
-            "ends its host with '?' or '#', which git reads as part of a git:// URL's host: "
-            "a path follows the host after '/'"
-        )
+def read_git_url(url: str) -> UrlHost:
+    """``read_url`` of a job's repository (``GIT_SCHEMES``), and what git reads otherwise or
+    refuses refused too (module docstring)."""
+    located = read_url(url, GIT_SCHEMES, "is not a URL git may fetch")
+    if "%0a" in url.lower():
+        raise ValueError("holds '%0a', an escaped newline, which git refuses in a URL")
+    if located.scheme == "git":
+        rest = url.partition("://")[2]
+        after = rest[len(re.split(r"[/?#]", rest, maxsplit=1)[0]) :]  # what follows the host
+        if "@[" in after:  # the runner hands git this after the address judged
+            raise ValueError(
+                "holds '@[' after its host, from which git reads a git:// URL's host wherever "
+                "it stands, its path included: git would connect to another host than the one "
+                "judged"
+            )
+        if after[:1] not in ("", "/"):
+            raise ValueError(
+                "ends its host with '?' or '#', which git reads as part of a git:// URL's "
+                "host: a path follows the host after '/'"
+            )
+    return located
 
 
 def read_host(host: str, *, bracketed: bool) -> IPAddress | None:

@@ -19,7 +19,7 @@ answered. So, before git runs (``fetch_plan``):
   judgement could read differently is refused (whitespace, a character beyond ASCII, a
   percent-escape, a host ending in a number that is no address such as ``127.0.0.1.``, port
   0, an IPv6 zone; in a git:// URL, '@[' after its host and a host ended by '?' or '#',
-  from which git reads a host of its own).
+  from which git reads a host of its own; ``%0a``, which git refuses).
 * The host is resolved once, here; every address it resolves to must be globally routable
   (``shared.public_addresses``: not loopback, private, link-local, shared CGNAT, unique-local,
   site-local, multicast, unspecified, documentation or otherwise reserved, nor an IPv6 form
@@ -62,7 +62,7 @@ from trainyard_platform.shared.public_addresses import (
     address_problem,
     literal_address,
 )
-from trainyard_platform.shared.url_hosts import GIT_SCHEMES, HOST_NAME, read_url
+from trainyard_platform.shared.url_hosts import GIT_SCHEMES, HOST_NAME, read_git_url
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -180,14 +180,14 @@ def allow_entry(entry: str) -> IPNetwork | str:
 
 def parse_remote(repository: str) -> Remote:
     """``repository`` as a remote of one of ``TRANSPORTS``, its host read as the submission
-    API reads it (``shared.url_hosts.read_url``), else ``RemoteRefused``."""
+    API reads it (``shared.url_hosts.read_git_url``), else ``RemoteRefused``."""
     if repository.partition("://")[0] in SSH_SCHEMES or _SCP.match(repository):
         raise RemoteRefused(_NO_SSH)
     # git takes a scheme as written (``HTTPS://`` names a remote helper of its own).
     if repository.partition("://")[0] not in TRANSPORTS or "://" not in repository:
         raise RemoteRefused(_ONLY)  # a path, file:, or a remote helper (``ext::``)
     try:
-        url = read_url(repository, GIT_SCHEMES, "is not a URL git may fetch")
+        url = read_git_url(repository)
     except ValueError as exc:
         raise RemoteRefused(str(exc)) from None
     return Remote(url.scheme, url.host, url.port)

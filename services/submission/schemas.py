@@ -67,7 +67,7 @@ from trainyard_platform.shared.requirements import (
     wheel_address_problem,
 )
 from trainyard_platform.shared.suggest import NOT_JOB_FIELDS, unknown_field
-from trainyard_platform.shared.url_hosts import GIT_SCHEMES, read_url
+from trainyard_platform.shared.url_hosts import read_git_url
 
 NAME_PATTERN = r"^[A-Za-z0-9._-]{1,100}$"
 PRIORITY_PATTERN = r"^[a-z][a-z0-9-]{0,39}$"
@@ -238,7 +238,7 @@ def _git_url(value: str) -> str:
     port = _git_port(value)
     if port is not None and not 0 < port < 65536:
         raise ValueError(f"names the port {port}, which is no port: 1 to 65535")
-    located = read_url(value, GIT_SCHEMES, "is not a URL git may fetch")  # as the runners do
+    located = read_git_url(value)  # as the runners read it
     host, address = located.host, located.address
     problem = None if address is None else address_problem(address)
     if problem is not None:

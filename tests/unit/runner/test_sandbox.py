@@ -318,6 +318,8 @@ def test_a_repository_by_ssh_is_the_jobs_input_and_never_reached(tmp_path: Path,
         ("git://git.example:{judged}?.localhost/y.git", "ends its host with '?' or '#'"),
         ("git://git.example:{judged}#.localhost/y.git", "ends its host with '?' or '#'"),
         ("git://git.example:{judged}/x@y/z.git", None),  # an '@' in the path alone
+        # git refuses it ("url contains a newline"): the platform's before, retried.
+        ("https://git.example:{judged}/y.git%0a", "holds '%0a', an escaped newline"),
         # curl reads the host of an https URL as urlsplit does, whatever follows it.
         ("https://git.example:{judged}/x@[.localhost]:{other}/y.git", None),
         ("https://git.example:{judged}?@127.0.0.1:{other}/y.git", None),
