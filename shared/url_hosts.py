@@ -36,8 +36,8 @@ the message a predicate of the URL: "holds ...", "names ..."):
 
 ``read_git_url`` refuses besides what git itself reads otherwise or refuses:
 
-* in a ``git://`` URL, an authority ended by ``?`` or ``#`` rather than ``/``, or ``@[``
-  after the authority: git takes a git:// URL's host apart itself (``connect.c``), not as
+* in a ``git://`` URL, an authority ended by ``?``, ``#`` or the URL's end rather than
+  ``/`` (git fetches nothing without a path), or ``@[`` after the authority: git takes a git:// URL's host apart itself (``connect.c``), not as
   ``urlsplit`` or curl do: up to the first ``/``, and, when ``@[`` stands anywhere in the
   URL, its path included, from the bracket after it (``git://h/x@[.a.example]:4222/y`` is
   the host ``h/x@.a.example``, port 4222, to git). The runner hands git the URL with its
@@ -148,10 +148,10 @@ def read_git_url(url: str) -> UrlHost:
                 "it stands, its path included: git would connect to another host than the one "
                 "judged"
             )
-        if after[:1] not in ("", "/"):
+        if not after.startswith("/"):
             raise ValueError(
-                "ends its host with '?' or '#', which git reads as part of a git:// URL's "
-                "host: a path follows the host after '/'"
+                "has no '/' after its host: git reads a git:// URL's host up to the first "
+                "'/' ('?' and '#' included), and fetches nothing without a path after it"
             )
     return located
 

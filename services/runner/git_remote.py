@@ -18,7 +18,7 @@ answered. So, before git runs (``fetch_plan``):
   read as the submission API reads it (``shared.url_hosts``): what git, curl and this
   judgement could read differently is refused (whitespace, a character beyond ASCII, a
   percent-escape, a host ending in a number that is no address such as ``127.0.0.1.``, port
-  0, an IPv6 zone; in a git:// URL, '@[' after its host and a host ended by '?' or '#',
+  0, an IPv6 zone; in a git:// URL, '@[' after its host and a host not followed by '/',
   from which git reads a host of its own; ``%0a``, which git refuses).
 * The host is resolved once, here; every address it resolves to must be globally routable
   (``shared.public_addresses``: not loopback, private, link-local, shared CGNAT, unique-local,

@@ -315,8 +315,8 @@ def test_a_repository_by_ssh_is_the_jobs_input_and_never_reached(tmp_path: Path,
         ("git://git.example:{judged}/x@[.localhost]:{other}/y.git", "holds '@[' after its host"),
         ("git://git.example:{judged}?@[.localhost]:{other}/y.git", "holds '@[' after its host"),
         # git reads a git:// URL's host up to the first '/': "127.0.0.1:<judged>?.localhost".
-        ("git://git.example:{judged}?.localhost/y.git", "ends its host with '?' or '#'"),
-        ("git://git.example:{judged}#.localhost/y.git", "ends its host with '?' or '#'"),
+        ("git://git.example:{judged}?.localhost/y.git", "has no '/' after its host"),
+        ("git://git.example:{judged}#.localhost/y.git", "has no '/' after its host"),
         ("git://git.example:{judged}/x@y/z.git", None),  # an '@' in the path alone
         # git refuses it ("url contains a newline"): the platform's before, retried.
         ("https://git.example:{judged}/y.git%0a", "holds '%0a', an escaped newline"),
