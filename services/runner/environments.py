@@ -102,7 +102,8 @@ job fails for it; what fails again fails as it would have.
 
 **Concurrency.** Resolves of the same key, from threads or from other runner processes on
 the same ``root``, build once: the builder holds ``fcntl.flock(LOCK_EX)`` on
-``<key>.lock``; everyone else waits for it and then finds the environment ready. A
+``<key>.lock``; everyone else waits for it and then finds the environment ready (a
+launch's wait for it is the platform's time, not its job's: ``deadline.platform_time``). A
 resolve takes the lock shared to check readiness, and an :class:`EnvironmentLease` keeps
 it shared for as long as a job runs, so :meth:`EnvironmentCache.prune`, which only removes
 an environment whose lock it can take exclusively without waiting, never removes one in
@@ -161,7 +162,7 @@ from types import TracebackType
 from typing import Literal
 
 from trainyard_platform.services.runner import disk_watch
-from trainyard_platform.services.runner.deadline import cap_timeout
+from trainyard_platform.services.runner.deadline import cap_timeout, platform_time
 from trainyard_platform.services.runner.git_remote import PUBLIC_ONLY, PrivateAllowed
 from trainyard_platform.services.runner.wheels import (
     MAX_WHEEL_BYTES,
@@ -511,11 +512,16 @@ class EnvironmentCache:
         try:
             built = False
             while True:
-                fcntl.flock(fd, fcntl.LOCK_SH)
+                # Blocked only by a build of the same environment, another launch's: the
+                # platform's queue, not this job's time (``deadline.platform_time``); a
+                # build its own job's deadline cuts short is then this one's to make.
+                with platform_time():
+                    fcntl.flock(fd, fcntl.LOCK_SH)
                 packages = self._ready_packages(key)
                 if packages is not None:
                     break
-                fcntl.flock(fd, fcntl.LOCK_EX)  # not atomic: check again once held
+                with platform_time():
+                    fcntl.flock(fd, fcntl.LOCK_EX)  # not atomic: check again once held
                 if self._ready_packages(key) is None:
                     self._build_making_room(key, normalized, base)
                     built = True

@@ -227,20 +227,23 @@ def fetch(
     requirement the runner refuses (``check_requirements``)."""
     check_requirements(grant.spec.requirements, settings.fetch_private_allowed)
     try:
-        if user.uid is not None:
-            # The slot's uid starts clean, however its last job ended (one whose start
-            # failed after its interpreter was probed as this uid included).
-            uid = range(user.uid, user.uid + 1)
-            kill_leftovers(uid, [])
-            remove_leftovers_of(uid)
-        cgroup = job_cgroup(grant, settings, cgroups, node_gpus)
-        box = create_sandbox(
-            settings.sandboxes_dir,
-            sandbox_name(grant.allocation_id),
-            user,
-            cgroup,
-            own_network(grant, settings, user),
-        )
+        # This node's own work, the last job's leftovers removed (as many files as it
+        # made): the platform's time, not the job's (``deadline``).
+        with platform_time():
+            if user.uid is not None:
+                # The slot's uid starts clean, however its last job ended (one whose start
+                # failed after its interpreter was probed as this uid included).
+                uid = range(user.uid, user.uid + 1)
+                kill_leftovers(uid, [])
+                remove_leftovers_of(uid)
+            cgroup = job_cgroup(grant, settings, cgroups, node_gpus)
+            box = create_sandbox(
+                settings.sandboxes_dir,
+                sandbox_name(grant.allocation_id),
+                user,
+                cgroup,
+                own_network(grant, settings, user),
+            )
     except PlatformError:
         raise
     except Exception as exc:  # nothing of the job's is used yet: this node's own failure

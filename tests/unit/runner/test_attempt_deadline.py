@@ -6,18 +6,30 @@ it out. The clock is injected: no test here depends on how fast the machine is."
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import sys
 import threading
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import cast
 
 import pytest
+from pydantic import SecretStr
 
+from tests.unit.runner.test_launch import GRANT
+from trainyard_platform.services.runner import launch
 from trainyard_platform.services.runner.agent import _Launch, _LaunchStopped
+from trainyard_platform.services.runner.config import Settings
 from trainyard_platform.services.runner.deadline import (
     MAX_DELIVERY_S,
     AttemptDeadline,
     cap_timeout,
     current,
 )
+from trainyard_platform.services.runner.environments import MARKER, STORE, EnvironmentCache
+from trainyard_platform.services.runner.sandbox import JobUser, create_sandbox
+from trainyard_platform.shared.storage import ObjectStore
 
 GPU = frozenset({0})
 RECEIVED = datetime(2026, 12, 7, 12, 0, tzinfo=UTC)
@@ -144,3 +156,85 @@ async def test_a_deadline_that_passed_before_the_platforms_wait_still_stops_the_
     with launching.deadline.platform(), pytest.raises(_LaunchStopped):
         await launching.unless_stopped(asyncio.sleep(0))
     assert launching.revoked is not None and launching.revoked[0].kind == "max_runtime"
+
+
+async def _held_once(deadline: AttemptDeadline, work: asyncio.Future[object]) -> bool:
+    """Whether the platform holds ``deadline`` up while ``work`` is blocked; looked at until
+    it does, ``work`` ends, or 30 s have passed (a guard against a hang, not a measure)."""
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + 30
+    while not work.done() and loop.time() < give_up:
+        if deadline.held:
+            return True
+        await asyncio.sleep(0.01)
+    return deadline.held
+
+
+async def test_waiting_for_another_launchs_build_of_the_environment_is_not_the_jobs_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Another job's build of the same requirements holds the environment's lock: this job
+    # waits in the platform's queue. Before, the wait was its own time: a build that another
+    # tenant's short max_runtime_seconds cut off after minutes ran this job out too, as its
+    # own max_runtime (not retried, billed).
+    building, finish = threading.Event(), threading.Event()
+
+    def build(self: EnvironmentCache, key: str, requirements: list[str], base: object) -> None:
+        building.set()
+        assert finish.wait(60), "the test lets the build finish"
+        target = self.root / STORE / f"{key}.fake"
+        target.mkdir(parents=True)
+        (target / MARKER).write_text(json.dumps({"packages": ["six==1.16.0"]}))
+        self.path(key).symlink_to(os.path.relpath(target, self.root))
+
+    monkeypatch.setattr(EnvironmentCache, "_build", build)
+    cache = EnvironmentCache(tmp_path / "envs", sys.executable, "pip")
+    other = asyncio.ensure_future(asyncio.to_thread(cache.resolve, ["six==1.16.0"], "other"))
+    assert await asyncio.to_thread(building.wait, 60)
+
+    clock = Clock()
+    deadline = AttemptDeadline(600, clock=clock)
+    with deadline.applies():
+        waiting = asyncio.ensure_future(asyncio.to_thread(cache.resolve, ["six==1.16.0"], "t"))
+    try:
+        assert await _held_once(deadline, waiting), "the wait for the lock is the platform's"
+        clock.now += 3000  # the other job's build: its requirements installed, at length
+    finally:
+        finish.set()
+    env = await asyncio.wait_for(waiting, timeout=60)
+    await asyncio.wait_for(other, timeout=60)
+    assert env.cached and env.packages == ["six==1.16.0"]
+    assert not deadline.held and deadline.remaining() == 600
+
+
+def test_cleaning_the_slot_of_the_last_jobs_leftovers_is_not_the_jobs_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The last job of the slot's uid may leave a million files in /tmp: their removal, and
+    # the sandbox made after it, is this node's work, not the next job's time.
+    clock = Clock()
+    deadline = AttemptDeadline(60, clock=clock)
+    seen: list[bool] = []
+
+    def slow_removal(uids: range) -> int:
+        seen.append(deadline.held)
+        clock.now += 600
+        return 1_000_000
+
+    monkeypatch.setattr(launch, "kill_leftovers", lambda uids, groups: 0)
+    monkeypatch.setattr(launch, "remove_leftovers_of", slow_removal)
+    monkeypatch.setattr(launch, "fetch_code", lambda *args: None)  # the spec names none
+    monkeypatch.setattr(launch, "resume_from", lambda *args: None)
+    settings = Settings(
+        admin_token=SecretStr("t"), work_dir=tmp_path, job_disk_gib=0, job_network="host"
+    )
+    user = JobUser(None, None)
+    # A uid of its own to clean, the sandbox made as the runner's own user.
+    monkeypatch.setattr(
+        launch, "create_sandbox", lambda *args: create_sandbox(tmp_path / "boxes", "a1", user)
+    )
+    with deadline.applies():
+        fetched = launch.fetch(GRANT, settings, cast(ObjectStore, None), JobUser(200_001, 200_001))
+    assert fetched.code_id is None and fetched.resumed_from is None
+    assert seen == [True]
+    assert deadline.remaining() == 60
