@@ -22,7 +22,8 @@ Contract:
   runs from its grant (``deadline``: its ``granted_at``, within a minute before its
   receipt), its preparation included but for the platform's own waits (for earlier
   launches and fenced jobs on its GPUs, for the object store: its requests and an
-  outage's retries), which move it. A launch whose deadline passes stops at the wait it is
+  outage's retries, for another launch's build of its environment, the slot's cleanup),
+  which move it. A launch whose deadline passes stops at the wait it is
   in, the git or installer command it runs killed, and ends with ``job.failed``
   (``max_runtime``, not restarted, no fault of this node's), the reason naming
   ``max_runtime_seconds`` and the phase that ran out; a job that starts runs only what is

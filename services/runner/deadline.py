@@ -14,8 +14,10 @@ Contract:
 - The job's time runs from the start, except while the platform holds the launch up
   (``platform()``, a context, opened by the runner's own waits: for earlier launches on the
   attempt's GPUs and the jobs it fences to exit, for the object store: each download from
-  it, an outage's retries and their back-off). That time is not the job's, and the
-  deadline moves by it. What is left is the job's: the grant's delivery (as above), its
+  it, an outage's retries and their back-off; for another launch's build of the same
+  environment, whose lock it waits on; and the node's own work on the slot: the last job's
+  leftovers removed, the sandbox made). That time is not the job's, and the deadline moves
+  by it. What is left is the job's: the grant's delivery (as above), its
   code fetched by git or unpacked, its environment built, its command spawned.
 - ``remaining()``: the job's seconds left (never below 0); ``expired()`` once none is.
   The phases consult it: the launch's waits (``agent._Launch.unless_stopped``) end the
