@@ -27,7 +27,10 @@ Contract:
   in, the git or installer command it runs killed, and ends with ``job.failed``
   (``max_runtime``, not restarted, no fault of this node's), the reason naming
   ``max_runtime_seconds`` and the phase that ran out; a job that starts runs only what is
-  left of it. A revocation that comes while the process is being
+  left of it. A grant whose delivery alone took the whole of its (short)
+  ``max_runtime_seconds`` ends at once as ``platform_error`` (``deadline``:
+  ``delivered_too_late``), the job having spent none of it. A revocation that comes while
+  the process is being
   spawned stops the job as soon as it runs. A runner that dies during a launch reports it
   lost at its next start.
   A background task supervises the process, from its spawn on: one whose process group
@@ -374,6 +377,21 @@ class NodeAgent:
             raise
         if accepted is None:
             self._launch_ended(grant.allocation_id)
+            return
+        late = deadline.delivered_too_late()
+        if late is not None:
+            # Nothing of the job's spent its time: not its max_runtime, but the platform's.
+            try:
+                await self._failed_to_start(
+                    accepted.job,
+                    late,
+                    accepted.events,
+                    accepted.trace_headers,
+                    "platform_error",
+                    node_fault=False,
+                )
+            finally:
+                self._launch_ended(grant.allocation_id)
             return
         background.start(
             self._launch_job(accepted, launching),

@@ -9,8 +9,12 @@ Contract:
   ``MAX_DELIVERY_S`` earlier; a ``granted_at`` after the receipt (the scheduler's clock
   ahead) counts from the receipt, one further back (the bus or the runner away, or the
   clocks that far apart) from ``MAX_DELIVERY_S`` before the receipt: a grant delivered that
-  late is the platform's delay, of which the job loses no more than that. From then on it
-  is a monotonic clock (``clock``), which a wall clock set back or forth does not move.
+  late is the platform's delay, of which the job loses no more than that. A delivery that
+  took the whole of a (short) ``max_runtime_seconds`` is no time of the job's to run out:
+  ``delivered_too_late()`` says why, and the runner ends such an attempt as the
+  platform's (``platform_error``, retried), never as the job's ``max_runtime``. From then
+  on it is a monotonic clock (``clock``), which a wall clock set back or forth does not
+  move.
 - The job's time runs from the start, except while the platform holds the launch up
   (``platform()``, a context, opened by the runner's own waits: for earlier launches on the
   attempt's GPUs and the jobs it fences to exit, for the object store: each download from
@@ -67,12 +71,14 @@ class AttemptDeadline:
         self.max_runtime_s = max_runtime_s
         self._clock = clock
         self._lock = threading.Lock()
-        self._due = clock() - max(0.0, spent_s) + max_runtime_s
+        self.spent_at_start_s = max(0.0, spent_s)
+        """The job's time gone when it was made: the grant's delivery (``from_grant``)."""
+        self._due = clock() - self.spent_at_start_s + max_runtime_s
         self._held = 0
         """How many ``platform()`` blocks are open."""
         self._held_since = 0.0
         self._phase = "preparing the job"
-        self._left_at_phase = float(max_runtime_s)
+        self._left_at_phase = max(0.0, max_runtime_s - self.spent_at_start_s)
 
     @classmethod
     def from_grant(
@@ -128,6 +134,20 @@ class AttemptDeadline:
         finally:
             with self._lock:
                 self._phase, self._left_at_phase = before
+
+    def delivered_too_late(self) -> str | None:
+        """Why the attempt cannot be the job's to run out, None when it can: its grant's
+        delivery took the whole of its ``max_runtime_seconds`` (a limit of at most
+        ``MAX_DELIVERY_S``) before anything of the job's was done (module contract)."""
+        if self.spent_at_start_s < self.max_runtime_s:
+            return None
+        return (
+            f"the grant reached the node {self.spent_at_start_s:.0f} s after the scheduler "
+            f"made it, the whole of the job's max_runtime_seconds ({self.max_runtime_s} s), "
+            "before anything of the job's was done: the platform's delay (its bus, or the "
+            "clocks of the scheduler and the node apart), not the job's; the platform "
+            "retries it"
+        )
 
     def ran_out(self) -> str:
         """Why the launch stopped when the deadline passed before the job started."""

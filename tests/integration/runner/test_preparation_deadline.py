@@ -92,6 +92,30 @@ async def test_a_git_fetch_that_stalls_past_max_runtime_ends_the_attempt_at_its_
     assert not (launches / allocation.allocation_id).exists()
 
 
+async def test_a_grant_whose_delivery_took_its_whole_max_runtime_fails_as_the_platforms(
+    settings: Settings, start_runner: StartRunner, bus: Bus, events: EventLog, launches: Path
+) -> None:
+    """The scheduler's clock 45 s behind the node's (or the bus 45 s late) and a limit of 30
+    s: nothing of the job's ran, nor could. Before, it failed as the job's own max_runtime,
+    not retried, the reason saying its preparation took longer than the 30 s left."""
+    await start_runner(settings)
+    allocation = grant(settings.node_id, ["succeed", str(launches)], max_runtime_seconds=30)
+    allocation = allocation.model_copy(
+        update={"granted_at": datetime.now(UTC) - timedelta(seconds=45)}
+    )
+    await publish(bus, allocation, settings.node_id)
+    failed = await events.first(JobFailed, allocation.job_id, timeout=60)
+    assert failed.failure_kind == "platform_error"
+    assert failed.exit_code is None and not failed.node_fault
+    assert failed.reason.startswith("the grant reached the node ")
+    assert (
+        " s after the scheduler made it, the whole of the job's max_runtime_seconds (30 s)"
+        in failed.reason
+    )
+    assert events.of(JobStarted, allocation.job_id) == []
+    assert not (launches / allocation.allocation_id).exists()
+
+
 async def test_an_environment_build_past_max_runtime_is_stopped_and_its_installer_killed(
     settings: Settings,
     start_runner: StartRunner,

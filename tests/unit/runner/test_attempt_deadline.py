@@ -95,6 +95,33 @@ def test_a_deadline_that_passes_names_the_phase_and_what_was_left_of_the_limit()
         )
 
 
+def test_a_deadline_that_passes_before_any_phase_says_what_the_grant_left() -> None:
+    # Before, it said the whole limit was left, whatever the delivery had taken of it.
+    clock = Clock()
+    deadline = AttemptDeadline.from_grant(RECEIVED - timedelta(seconds=15), RECEIVED, 60, clock)
+    clock.now += 45
+    assert deadline.expired()
+    assert deadline.ran_out().startswith(
+        "max_runtime_seconds: preparing the job took longer than the 45 s left of the job's 60 s"
+    )
+
+
+def test_a_grant_whose_delivery_took_its_whole_limit_is_the_platforms_delay() -> None:
+    clock = Clock()
+    eaten = AttemptDeadline.from_grant(RECEIVED - timedelta(seconds=45), RECEIVED, 30, clock)
+    assert eaten.expired()
+    assert eaten.delivered_too_late() == (
+        "the grant reached the node 45 s after the scheduler made it, the whole of the job's "
+        "max_runtime_seconds (30 s), before anything of the job's was done: the platform's "
+        "delay (its bus, or the clocks of the scheduler and the node apart), not the job's; "
+        "the platform retries it"
+    )
+    # Time left on its receipt: the job's, whatever then runs it out.
+    left = AttemptDeadline.from_grant(RECEIVED - timedelta(seconds=45), RECEIVED, 60, clock)
+    clock.now += 15
+    assert left.expired() and left.delivered_too_late() is None
+
+
 async def test_the_launchs_threads_see_its_deadline_and_its_child_processes_are_capped() -> None:
     clock = Clock()
     deadline = AttemptDeadline(60, clock=clock)
