@@ -8,15 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any
 
 from trainyard_platform.services.runner.agent import NodeAgent, _Launch
 from trainyard_platform.services.runner.deadline import AttemptDeadline
 
-from .test_launch import GRANT
+from .test_launch import GRANT as OLD_GRANT
 
 GPU = frozenset({0})
+GRANT = OLD_GRANT.model_copy(update={"granted_at": datetime.now(UTC)})
+"""Granted as the test starts: a grant delivered later than its max_runtime_seconds never
+gets as far as its launch (``deadline.AttemptDeadline.delivered_too_late``)."""
 
 
 def listed(agent: Any) -> list[str]:
