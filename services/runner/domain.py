@@ -282,7 +282,8 @@ class StopRequest:
     reason: str
     """The revocation's detail when it has one (for which job, by which rule, the work
     lost), else its reason (``cancelled`` / ``preempted`` / ``fenced``); or
-    ``runner shutting down``, or ``max runtime exceeded (N s)``, or (``platform``) what
+    ``runner shutting down``, or ``max runtime exceeded (N s, counted from its grant,
+    its preparation included)``, or (``platform``) what
     failed in the runner that keeps it from supervising the job, or (``over_limit``) the
     limit of the node's the job went past (its disk use: ``disk_watch``)."""
 
@@ -292,7 +293,12 @@ def shutdown_stop() -> StopRequest:
 
 
 def max_runtime_stop(seconds: int) -> StopRequest:
-    return StopRequest("max_runtime", f"max runtime exceeded ({seconds} s)")
+    """The stop of a job whose ``max_runtime_seconds`` (``seconds``) passed: counted from its
+    grant (``deadline``), which the reason says, the process having run less."""
+    return StopRequest(
+        "max_runtime",
+        f"max runtime exceeded ({seconds} s, counted from its grant, its preparation included)",
+    )
 
 
 @dataclass(frozen=True)

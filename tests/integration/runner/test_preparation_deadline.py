@@ -177,7 +177,10 @@ async def test_the_process_runs_only_what_its_preparation_left_of_max_runtime(
     await events.first(JobStarted, allocation.job_id)
     failed = await events.first(JobFailed, allocation.job_id, timeout=60)
     assert failed.failure_kind == "max_runtime"
-    assert failed.reason == "max runtime exceeded (120 s)"
+    assert (
+        failed.reason
+        == "max runtime exceeded (120 s, counted from its grant, its preparation included)"
+    )
 
 
 async def test_waiting_for_an_earlier_launch_on_its_gpus_is_not_the_jobs_time(

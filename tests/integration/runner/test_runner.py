@@ -277,7 +277,10 @@ async def test_a_job_over_its_max_runtime_fails(
     allocation = grant(settings.node_id, ["wait", str(launches)], max_runtime_seconds=1)
     await publish(bus, allocation, settings.node_id)
     failed = await events.first(JobFailed, allocation.job_id)
-    assert failed.reason == "max runtime exceeded (1 s)"
+    assert (
+        failed.reason
+        == "max runtime exceeded (1 s, counted from its grant, its preparation included)"
+    )
     assert failed.exit_code == 75  # it checkpointed on SIGTERM, but too late to matter
     assert "checkpointed on SIGTERM" in failed.log_tail
 

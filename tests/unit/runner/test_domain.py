@@ -158,12 +158,22 @@ CANCELLED = StopRequest("revoked", "cancelled")
         (
             0,
             domain.max_runtime_stop(60),
-            Outcome("failed", "max runtime exceeded (60 s)", 0, "max_runtime"),
+            Outcome(
+                "failed",
+                "max runtime exceeded (60 s, counted from its grant, its preparation included)",
+                0,
+                "max_runtime",
+            ),
         ),
         (
             75,
             domain.max_runtime_stop(60),
-            Outcome("failed", "max runtime exceeded (60 s)", 75, "max_runtime"),
+            Outcome(
+                "failed",
+                "max runtime exceeded (60 s, counted from its grant, its preparation included)",
+                75,
+                "max_runtime",
+            ),
         ),
         (
             -9,
