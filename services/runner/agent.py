@@ -206,6 +206,8 @@ class NodeAgent:
             keep=settings.environments_keep,
             max_bytes=max_bytes,
             fetch_allowed=settings.fetch_private_allowed,
+            build_max_bytes=int(settings.env_build_max_gib * disk_watch.GIB) or None,
+            build_check_s=settings.job_disk_check_seconds,
         )
         self._usage = GpuUsage(gpus)
         self._cgroups: NodeCgroups | None = None

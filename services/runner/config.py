@@ -95,6 +95,13 @@ class Settings(GuardedServiceSettings):
     """Disk (GiB) the cached environments take at most, together; environments not in use
     are removed until they fit, at the runner's start and after each build, those of the
     team holding the most bytes of the cache first (``EnvironmentCache.prune``). Unset: a fifth of the size of the file system they are on; 0: no bound."""
+    env_build_max_gib: float = Field(default=32.0, ge=0)
+    """Disk (GiB) one job environment may take while it is built (the venv, the wheels
+    downloaded into it, what the installer unpacks), measured every
+    ``job_disk_check_seconds``: a build over it is stopped, removed and fails its job as
+    ``user_error`` (``environments``, "A build's own bound"); the requirements are a
+    tenant's, and one that unpacks to a huge size would otherwise fill the node's disk.
+    0: no bound."""
     job_uid_base: int = Field(default_factory=lambda: 0, ge=0)
     """First uid of this node's job users (a runner started as root runs each job as
     ``job_uid_base + slot``); 0: derived from the node id, in 200000-263999 (the next free

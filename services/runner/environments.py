@@ -96,9 +96,18 @@ blocks taken, a file hard-linked with the installer's cache counted in full), so
 walks no environment's tree. Environments in use are never removed, so the cache may stay
 over its bound while they are; one that alone is larger than ``max_bytes`` is still built and
 its job runs (a warning says so), and it goes at the first prune that finds it unused.
-A build that runs out of disk (:func:`out_of_space`) removes every environment no job is
-in and, when that removed any, is tried once more: the cache gives up its disk before a
-job fails for it; what fails again fails as it would have.
+**A build's own bound.** While an environment is built, what it writes (the venv, the
+wheels downloaded into it, what the installer unpacks there) is measured every
+``build_check_s`` (``disk_watch.Watch``, as a job's sandbox is) and once more when its steps
+end, against ``build_max_bytes`` (``TRAINYARD_RUNNER_ENV_BUILD_MAX_GIB``): the requirements
+are a tenant's, and a wheel that unpacks to a huge size, or many large ones, would
+otherwise fill the node's disk. A build over it has its running command killed (its
+process group), its folder removed, nothing published, and fails with a
+:class:`RequirementsError` naming the bound (:class:`BuildTooLarge`), whatever the
+command said (out of disk included). A build that runs out of disk (:func:`out_of_space`)
+within its bound removes every environment no job is in and, when that removed any, is
+tried once more: the cache gives up its disk before a job fails for it; what fails again
+fails as it would have.
 
 **Concurrency.** Resolves of the same key, from threads or from other runner processes on
 the same ``root``, build once: the builder holds ``fcntl.flock(LOCK_EX)`` on
@@ -148,6 +157,7 @@ import os
 import re
 import secrets
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -197,6 +207,11 @@ WHEELS = ".trainyard-wheels"
 MAX_SETTING = "TRAINYARD_RUNNER_ENVIRONMENTS_MAX_GIB"
 DEFAULT_MAX_SHARE = 0.2
 """Share of its file system's size the cache takes at most when ``MAX_SETTING`` is unset."""
+BUILD_MAX_SETTING = "TRAINYARD_RUNNER_ENV_BUILD_MAX_GIB"
+BUILD_MAX_BYTES = 32 * disk_watch.GIB
+"""Default of ``build_max_bytes``: the most one environment takes on disk while it is built."""
+BUILD_CHECK_S = 5.0
+"""Default of ``build_check_s``: how often a build's disk use is measured."""
 BASE_PTH = "_trainyard_base.pth"
 STORE = ".store"
 ERROR_TAIL_LINES = 20
@@ -252,6 +267,19 @@ class RequirementsError(InstallError):
     version the index does not have, no wheel for this platform, requirements that
     conflict (with each other or with the base layer's provided packages). The job's own
     failure (the runner reports it as a ``user_error``), not the platform's."""
+
+
+class BuildTooLarge(RequirementsError):
+    """The environment took more disk while it was built than ``build_max_bytes``: what the
+    job's requirements install is the tenant's choice, so it is the job's failure."""
+
+    def __init__(self, limit_bytes: int) -> None:
+        super().__init__(
+            "installing them took over "
+            f"{disk_watch.gib(limit_bytes)} of disk (or over {disk_watch.MAX_ENTRIES} files), "
+            "the most a job's environment may take while it is built "
+            f"({BUILD_MAX_SETTING}): the build was stopped"
+        )
 
 
 # An installer's output that says the requirements cannot be met (uv, pip)...
@@ -430,6 +458,8 @@ class EnvironmentCache:
     cannot fill the disk between restarts. ``fetch_allowed``: what the job's wheel URLs may
     name although it is not public (``Settings.fetch_allow_private``), ``max_wheel_bytes``
     the most bytes downloaded from them for one environment, all together (``wheels``).
+    ``build_max_bytes``: the most disk one environment takes while it is built (None: no
+    bound), measured every ``build_check_s`` (module docstring, "A build's own bound").
     """
 
     def __init__(
@@ -446,6 +476,8 @@ class EnvironmentCache:
         max_bytes: int | None = None,
         fetch_allowed: PrivateAllowed = PUBLIC_ONLY,
         max_wheel_bytes: int = MAX_WHEEL_BYTES,
+        build_max_bytes: int | None = BUILD_MAX_BYTES,
+        build_check_s: float = BUILD_CHECK_S,
     ) -> None:
         if installer not in ("uv", "pip"):
             raise ValueError(f"installer must be 'uv' or 'pip', not {installer!r}")
@@ -468,6 +500,10 @@ class EnvironmentCache:
         self.max_bytes = max_bytes
         self.fetch_allowed = fetch_allowed
         self.max_wheel_bytes = max_wheel_bytes
+        self.build_max_bytes = build_max_bytes
+        self.build_check_s = build_check_s
+        self._building = threading.local()
+        """``stopper``: the :class:`_Stopper` of the build this thread runs, if any."""
         self._base: _Probe | None = None
         self._base_lock = threading.Lock()
 
@@ -678,22 +714,7 @@ class EnvironmentCache:
                 shutil.rmtree(stale, ignore_errors=True)
         target = store / f"{key}.{secrets.token_hex(4)}"
         try:
-            self._create_venv(target)
-            purelib = Path(self._probe(str(target / "bin" / "python"), with_packages=False).purelib)
-            self._write_file(purelib / BASE_PTH, _base_pth(base.site))
-            pins = self._pins(base)
-            wanted = _beyond_the_base(requirements, pins)
-            wheels: dict[str, str] = {}
-            if wanted:
-                interpreter = _identity(target / "bin" / "python")
-                wheels = self._install(target, purelib, wanted, pins)
-                if _identity(target / "bin" / "python") != interpreter:
-                    # pip writes a wheel's ``.data/data/bin/python`` over it; uv refuses.
-                    raise RequirementsError(
-                        "a package of the requirements installs a bin/python of its own over "
-                        "the environment's interpreter: refused"
-                    )
-                self._compile(purelib)
+            purelib, wheels = self._write_watched(target, requirements, base)
             _make_readable(target)
             packages = installed_packages([str(purelib), *base.site])
             size = self._record_size(target)
@@ -727,6 +748,60 @@ class EnvironmentCache:
         except BaseException:
             shutil.rmtree(target, ignore_errors=True)
             raise
+
+    def _write_watched(
+        self, target: Path, requirements: list[str], base: _Probe
+    ) -> tuple[Path, dict[str, str]]:
+        """:meth:`_write` under the build's bound (module docstring, "A build's own
+        bound"): a build over ``build_max_bytes`` has its running command killed and
+        raises :class:`BuildTooLarge`, whatever the steps raised (out of disk included:
+        this build filled it, the cache's environments are not removed for it)."""
+        if self.build_max_bytes is None:
+            return self._write(target, requirements, base)
+        stopper = _Stopper()
+        failure: EnvironmentBuildError | OSError | None = None
+        written: tuple[Path, dict[str, str]] | None = None
+        self._building.stopper = stopper
+        try:
+            with disk_watch.Watch(
+                [target], self.build_max_bytes, self.build_check_s, stopper.stop
+            ) as watch:
+                try:
+                    written = self._write(target, requirements, base)
+                except (EnvironmentBuildError, OSError) as exc:
+                    failure = exc
+        finally:
+            self._building.stopper = None
+        # Raised here, outside the handler: the command's failure is not its cause.
+        if watch.over() is not None:
+            raise BuildTooLarge(self.build_max_bytes)
+        if failure is not None:
+            raise failure
+        assert written is not None
+        return written
+
+    def _write(
+        self, target: Path, requirements: list[str], base: _Probe
+    ) -> tuple[Path, dict[str, str]]:
+        """Make the venv at ``target`` and install ``requirements`` into it; its
+        site-packages and the sha256 of each wheel URL's file, by its URL."""
+        self._create_venv(target)
+        purelib = Path(self._probe(str(target / "bin" / "python"), with_packages=False).purelib)
+        self._write_file(purelib / BASE_PTH, _base_pth(base.site))
+        pins = self._pins(base)
+        wanted = _beyond_the_base(requirements, pins)
+        wheels: dict[str, str] = {}
+        if wanted:
+            interpreter = _identity(target / "bin" / "python")
+            wheels = self._install(target, purelib, wanted, pins)
+            if _identity(target / "bin" / "python") != interpreter:
+                # pip writes a wheel's ``.data/data/bin/python`` over it; uv refuses.
+                raise RequirementsError(
+                    "a package of the requirements installs a bin/python of its own over "
+                    "the environment's interpreter: refused"
+                )
+            self._compile(purelib)
+        return purelib, wheels
 
     def _create_venv(self, target: Path) -> None:
         if self.installer == "uv":
@@ -908,7 +983,9 @@ class EnvironmentCache:
         ``installing`` and the output blames the requirements, and
         :class:`EnvironmentBuildError` when it cannot be started at all (this node's
         installer or interpreter missing). While ``installing`` (the job's
-        ``requirements``) the message is the job's user's to read (``install_failure``)."""
+        ``requirements``) the message is the job's user's to read (``install_failure``).
+        Within a build under its bound, the build's ``_Stopper`` kills it (its process
+        group) once the build is over the bound."""
         if installing:
             failed_as = InstallError
             hidden = [str(self.root), *(a for a in argv if a.startswith("/"))]
@@ -921,7 +998,9 @@ class EnvironmentCache:
         env.update(NO_COLOR="1", UV_NO_PROGRESS="1", PIP_NO_INPUT="1")
         env.update(self.installer_env)
         try:
-            done = subprocess.run(
+            # A session (process group) of its own: a build over its bound is stopped by
+            # killing the group from the watch's thread (``_Stopper``), what it started too.
+            process = subprocess.Popen(
                 argv,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
@@ -930,25 +1009,30 @@ class EnvironmentCache:
                 errors="replace",
                 env=env,
                 cwd=self.root if self.root.is_dir() else None,
-                # A launch's deadline stops the build too (``deadline.cap_timeout``).
-                timeout=cap_timeout(self.timeout),
                 umask=0o022,
-                check=False,
+                start_new_session=True,
             )
-        except subprocess.TimeoutExpired as exc:
-            raise failed_as(
-                f"{what} timed out after {self.timeout:.0f} s{tail(_text(exc.output))}"
-            ) from None
         except OSError as exc:
             raise EnvironmentBuildError(f"{what} could not start: {exc}") from None
-        if done.returncode != 0:
-            error = (
-                RequirementsError
-                if installing and requirements_at_fault(done.stdout)
-                else failed_as
-            )
-            raise error(f"{what} failed (exit status {done.returncode}){tail(done.stdout)}")
-        return done.stdout
+        stopper: _Stopper = getattr(self._building, "stopper", None) or _Stopper()
+        with stopper.running(process):
+            try:
+                # A launch's deadline stops the build too (``deadline.cap_timeout``).
+                output, _ = process.communicate(timeout=cap_timeout(self.timeout))
+            except subprocess.TimeoutExpired:
+                _kill_group(process)
+                output, _ = process.communicate()
+                raise failed_as(
+                    f"{what} timed out after {self.timeout:.0f} s{tail(_text(output))}"
+                ) from None
+            except BaseException:
+                _kill_group(process)
+                process.wait()
+                raise
+        if process.returncode != 0:
+            error = RequirementsError if installing and requirements_at_fault(output) else failed_as
+            raise error(f"{what} failed (exit status {process.returncode}){tail(output)}")
+        return output
 
     # -- probing --------------------------------------------------------------------------
 
@@ -1108,6 +1192,41 @@ class EnvironmentCache:
     def _touch(path: Path) -> None:
         with contextlib.suppress(OSError):
             os.utime(path)
+
+
+class _Stopper:
+    """Stops a build: kills the command it runs (:meth:`EnvironmentCache._run`) and any it
+    starts later, from the thread of its ``disk_watch.Watch``."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._stopped = False
+        self._process: subprocess.Popen[str] | None = None
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped = True
+            if self._process is not None and self._process.returncode is None:
+                _kill_group(self._process)
+
+    @contextlib.contextmanager
+    def running(self, process: subprocess.Popen[str]) -> Iterator[None]:
+        """While ``process`` runs: killed at once when the build was stopped already."""
+        with self._lock:
+            if self._stopped:
+                _kill_group(process)
+            self._process = process
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._process = None
+
+
+def _kill_group(process: subprocess.Popen[str]) -> None:
+    """SIGKILL to ``process``'s group (its own session: ``start_new_session``)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
 
 
 @dataclass(frozen=True, eq=False)
