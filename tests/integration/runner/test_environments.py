@@ -21,7 +21,9 @@ import pytest
 
 from tests.fixtures.git_servers import Listener
 from tests.fixtures.wheel_server import Answer, Wheels, wheel_servers
+from trainyard_platform.services.runner import disk_watch
 from trainyard_platform.services.runner.environments import (
+    BUILD_MAX_SETTING,
     MARKER,
     STORE,
     EnvironmentBuildError,
@@ -241,6 +243,58 @@ def test_a_crash_mid_build_leaves_nothing_that_looks_ready(
     assert [p.name for p in (root / STORE).iterdir()] == [
         Path(env.python).parents[1].resolve().name
     ]
+
+
+# An installer unpacking a wheel far larger than its download (a zip bomb): chunks of
+# random bytes (zeros might be stored compressed, taking no blocks) into the environment,
+# until it is killed or has written 256 MiB; then it says the disk is full, and marks that
+# it ran to the end.
+BOMB = """
+import os, sys, time
+with open(os.path.join(sys.argv[1], "bomb.bin"), "wb") as out:
+    for _ in range(1024):
+        out.write(os.urandom(256 * 1024))
+        out.flush()
+        time.sleep(0.005)
+open(sys.argv[2], "w").close()
+print("error: failed to write bomb.bin: No space left on device (os error 28)")
+sys.exit(2)
+"""
+
+
+def test_a_build_over_its_bound_is_stopped_as_the_jobs_fault_and_flushes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "envs"
+    bound = 8 * 1024 * 1024
+    cache = EnvironmentCache(root, BASE, build_max_bytes=bound, build_check_s=0.01)
+    ran_to_the_end = tmp_path / "ran to the end"
+    real_install = EnvironmentCache._install
+
+    def install(self: EnvironmentCache, target: Path, purelib: Path, *args: Any) -> Any:
+        if "bomb" not in args[0]:
+            return real_install(self, target, purelib, *args)
+        argv = [sys.executable, "-c", BOMB, str(purelib), str(ran_to_the_end)]
+        self._run(argv, "uv pip install", installing=True, requirements=args[0])
+        return {}
+
+    monkeypatch.setattr(EnvironmentCache, "_install", install)
+    other = cache.resolve([TABULATE], team="another team")  # cached, no job in it
+    other_target = Path(other.python).parents[1].resolve()
+
+    with pytest.raises(RequirementsError) as raised:
+        cache.resolve(["bomb"], team="tenant")
+
+    message = str(raised.value)
+    assert f"over {disk_watch.gib(bound)} of disk" in message
+    assert BUILD_MAX_SETTING in message
+    assert "No space left" not in message
+    assert not ran_to_the_end.exists()  # the installer was killed, not waited for
+    assert not cache.path(cache.key(["bomb"])).exists()  # never published...
+    assert [p.resolve() for p in (root / STORE).iterdir()] == [other_target]  # ...nor left
+    # Its out of disk was the build's own doing: the other team's environment stays.
+    assert cache.path(other.key).resolve() == other_target
+    assert (other_target / MARKER).is_file()
 
 
 def test_everything_is_readable_by_other_users(tmp_path: Path) -> None:
