@@ -442,8 +442,14 @@ def jobs_for_team_query(
             ORDER BY j.submitted_at DESC, j.id DESC
             LIMIT {lim}"""
         return sql, params
-    # The page's ids first, the summaries (costs, reasons) only of the page's rows.
-    users = " JOIN users u ON u.id = j.user_id" if "user" in (filters or {}) else ""
+    # The page's ids first, the summaries (costs, reasons) only of the page's rows. A user
+    # is one team's (``u.team_id = e.id``): without that the planner pairs every team with
+    # every user of that name, teams x users lookups (9 s for 1,000 teams x 20 jobs).
+    users = (
+        " JOIN users u ON u.id = j.user_id AND u.team_id = e.id"
+        if "user" in (filters or {})
+        else ""
+    )
     each = " AND ".join(["j.team_id = e.id", *where])
     sql = f"""SELECT {_SUMMARY_COLUMNS}, c.cost, c.currency
             FROM (SELECT p.id FROM teams e CROSS JOIN LATERAL (

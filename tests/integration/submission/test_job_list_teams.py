@@ -240,3 +240,46 @@ async def test_a_page_of_every_team_walks_each_teams_index_in_list_order(
             assert read <= 51 * (10 if team_id is None else 1), plan
             # The page's own rows are read again by id (their summaries), and nothing else.
             assert all(n.get("Index Name") == "jobs_pkey" for n in scans if n is not walk), plan
+
+
+async def test_every_teams_jobs_of_a_user_look_the_user_up_in_each_team_alone(
+    submission: Submission,
+) -> None:
+    """``user`` with ``all_teams``: each team's walk joins that team's user of that name,
+    one row per team, not every team's user of that name (teams x users: 9 s for 1,000
+    teams of 20 jobs each, where the page takes 27 ms this way)."""
+    teams = 60
+    async with submission.pool.acquire() as conn:
+        await conn.execute(
+            "INSERT INTO teams (name) SELECT 'crowd' || n FROM generate_series(1, $1::int) n",
+            teams,
+        )
+        await conn.execute(
+            "INSERT INTO users (team_id, name, role) "
+            "SELECT id, 'owner', 'member' FROM teams WHERE name LIKE 'crowd%'"
+        )
+        await conn.execute(
+            "INSERT INTO jobs (id, team_id, user_id, name, spec, status, submitted_at, "
+            "updated_at) "
+            "SELECT gen_random_uuid()::text, u.team_id, u.id, 'job-' || i, $1::jsonb, "
+            "'QUEUED', $2::timestamptz + (u.id * 4 + i) * interval '1 s', $2::timestamptz "
+            "FROM users u CROSS JOIN generate_series(1, 4) i WHERE u.name = 'owner'",
+            SPEC,
+            T0,
+        )
+        await conn.execute("ANALYZE")
+        sql, params = repo.jobs_for_team_query(None, None, None, 51, {"user": "owner"})
+        plan = json.loads(await conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", *params))[0][
+            "Plan"
+        ]
+        rows = await conn.fetch(sql, *params)
+        everyone = await conn.fetchval("SELECT count(*) FROM users")
+    assert len(rows) == 51 and {r["user_name"] for r in rows} == {"owner"}, rows
+    # The rows of users that joined: a user per team in the walks (not each team's
+    # ``owner`` for every team), and at most every user once for the page's summaries.
+    joined = sum(
+        n["Actual Rows"] * n["Actual Loops"]
+        for n in _nodes(plan)
+        if n.get("Relation Name") == "users"
+    )
+    assert joined <= 2 * everyone, plan
