@@ -29,6 +29,7 @@ from trainyard.cli_base import (
     exit_code_of,
     if_match,
     note,
+    refused,
     resolve,
 )
 from trainyard.cli_render import (
@@ -757,7 +758,7 @@ def ls(session: Session) -> int:
     cursor = args.after
     while True:
         size = LIST_PAGE_MAX if args.all else args.limit - len(jobs)
-        page, cursor = client.list_page(limit=size, after=cursor, **filters)
+        page, cursor = _page(session, size, cursor, filters)
         # A server that does not know a filter ignores it: hold every row to it here too.
         jobs += [j for j in page if all(_matches(j, k, v) for k, v in filters.items())]
         if not cursor or not page or (len(jobs) >= args.limit and not args.all):
@@ -766,6 +767,26 @@ def ls(session: Session) -> int:
     if cursor and not session.as_json and not args.all:
         note(f"more jobs: {_next_page_command(args, cursor)}")
     return Exit.OK
+
+
+def _page(
+    session: Session, size: int, cursor: str | None, filters: dict[str, str | None]
+) -> tuple[list[dict[str, Any]], str | None]:
+    """A page of ``ls``; the API's refusal of ``--all-teams`` (403) or of ``--team`` (404:
+    the API answers a team the caller may not list as one that does not exist) names the
+    option, so that a caller who is no operator sees which of its options was refused."""
+    args = session.args
+    try:
+        return session.client.list_page(limit=size, after=cursor, **filters)
+    except TrainyardError as exc:
+        if args.all_teams and exc.status == 403:
+            raise refused(f"--all-teams: {exc}", exc) from None
+        if args.team and exc.status == 404:
+            raise refused(
+                f"--team {args.team}: {exc} (another team's jobs are listed by operators only)",
+                exc,
+            ) from None
+        raise
 
 
 def _next_page_command(args: argparse.Namespace, cursor: str) -> str:

@@ -82,3 +82,36 @@ def test_team_and_all_teams_together_are_a_usage_error(
     assert exited.value.code == 2
     assert "not allowed with argument" in capsys.readouterr().err
     assert state["sent"] == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "status", "detail", "said"),
+    [
+        (
+            ["ls", "--all-teams"],
+            403,
+            "listing every team's jobs needs the operator role; you are admin",
+            "trainyard: error: --all-teams: 403 listing every team's jobs needs the operator "
+            "role; you are admin",
+        ),
+        (
+            ["ls", "--team", "vision"],
+            404,
+            "no team 'vision'",
+            "trainyard: error: --team vision: 404 no team 'vision' (another team's jobs are "
+            "listed by operators only)",
+        ),
+    ],
+)
+def test_a_refusal_of_team_or_all_teams_is_one_line_naming_the_option(
+    state: dict[str, object],
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    status: int,
+    detail: str,
+    said: str,
+) -> None:
+    state["route"] = lambda r: httpx.Response(status, json={"detail": detail})
+    assert cli.main(argv) != 0
+    out, err = capsys.readouterr()
+    assert out == "" and err.splitlines() == [said]
