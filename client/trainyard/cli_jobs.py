@@ -742,17 +742,22 @@ def logs(session: Session) -> int:
 def ls(session: Session) -> int:
     args = session.args
     client = session.client
-    user = args.user
+    user, team, all_teams = args.user, args.team, args.all_teams
     if args.mine:
-        user = client.whoami()["user"]
+        # A user's name is its team's alone: every team's jobs of that name would list
+        # other teams' users of the same name as the caller's own jobs.
+        me = client.whoami()
+        if team and team != me["team"]:
+            raise CliError(f"--mine: your jobs are team {me['team']}'s, not {team}'s", Exit.USAGE)
+        user, team, all_teams = me["user"], me["team"], False
     filters = {
         "status": args.status,
         "user": user,
         "project": args.project,
         "experiment": args.experiment,
         "label": "=".join(args.label) if args.label else None,
-        "team": args.team,
-        "all_teams": "true" if args.all_teams else None,
+        "team": team,
+        "all_teams": "true" if all_teams else None,
     }
     jobs: list[dict[str, Any]] = []
     cursor = args.after

@@ -115,3 +115,34 @@ def test_a_refusal_of_team_or_all_teams_is_one_line_naming_the_option(
     assert cli.main(argv) != 0
     out, err = capsys.readouterr()
     assert out == "" and err.splitlines() == [said]
+
+
+def _me_then_jobs(request: httpx.Request) -> httpx.Response:
+    if request.url.path == "/v1/me":
+        return httpx.Response(200, json={"user": "root", "team": "platform", "role": "operator"})
+    return httpx.Response(200, json=[{**_job(1, "platform"), "user": "root"}])
+
+
+def test_mine_with_all_teams_asks_for_the_callers_team_alone(
+    state: dict[str, object], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A user's name is its team's: every team's jobs of ``user=root`` would list other
+    teams' users named root as the caller's own."""
+    state["route"] = _me_then_jobs
+    assert cli.main(["ls", "--all-teams", "--mine"]) == 0
+    _, sent = state["sent"]  # type: ignore[misc]
+    params = sent.url.params
+    assert (params["user"], params["team"], "all_teams" in params) == ("root", "platform", False)
+    out, _ = capsys.readouterr()
+    assert [row.split()[0] for row in out.splitlines()] == ["TEAM", "platform"]
+
+
+def test_mine_with_another_team_is_a_usage_error_naming_both(
+    state: dict[str, object], capsys: pytest.CaptureFixture[str]
+) -> None:
+    state["route"] = _me_then_jobs
+    assert cli.main(["ls", "--team", "vision", "--mine"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "trainyard: error: --mine: your jobs are team platform's, not vision's"
+    ]
+    assert [r.url.path for r in state["sent"]] == ["/v1/me"]  # type: ignore[attr-defined]
