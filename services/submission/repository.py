@@ -411,7 +411,9 @@ def jobs_for_team_query(
     Every team's (``team_id`` None) is that same walk in each team, stopping at ``limit``
     jobs of each, merged: a page costs a team's page per team (about 0.5 k index entries
     for 10 teams and a page of 50, however many jobs they hold), and only the page's rows
-    are summarised. No index of every team's jobs in list order serves it, on purpose: the
+    are summarised. The cost grows with the number of teams, one index descent and up to
+    a page of entries each: 1,000 teams of 200 jobs read about 3.7 k buffers for a page of
+    50 (about 8 k for one of 500), where one team's page reads a few hundred. No index of every team's jobs in list order serves it, on purpose: the
     planner takes such an index for one team's list too (filtering the newest jobs by
     team), which reads every newer job of the other teams when that team's are old."""
     where: list[str] = []
