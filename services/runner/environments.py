@@ -1019,15 +1019,20 @@ class EnvironmentCache:
             try:
                 # A launch's deadline stops the build too (``deadline.cap_timeout``).
                 output, _ = process.communicate(timeout=cap_timeout(self.timeout))
-            except subprocess.TimeoutExpired:
+            except subprocess.TimeoutExpired as exc:
                 _kill_group(process)
-                output, _ = process.communicate()
+                # The leader is waited for, not its output's end: a process that left its
+                # group (``setsid``) keeps the pipe open for as long as it runs. The output
+                # is what was read by the timeout.
+                process.wait()
+                _close_output(process)
                 raise failed_as(
-                    f"{what} timed out after {self.timeout:.0f} s{tail(_text(output))}"
+                    f"{what} timed out after {self.timeout:.0f} s{tail(_text(exc.output))}"
                 ) from None
             except BaseException:
                 _kill_group(process)
                 process.wait()
+                _close_output(process)
                 raise
         if process.returncode != 0:
             error = RequirementsError if installing and requirements_at_fault(output) else failed_as
@@ -1221,6 +1226,12 @@ class _Stopper:
         finally:
             with self._lock:
                 self._process = None
+
+
+def _close_output(process: subprocess.Popen[str]) -> None:
+    """Close the parent's end of ``process``'s output pipe, no longer read."""
+    if process.stdout is not None:
+        process.stdout.close()
 
 
 def _kill_group(process: subprocess.Popen[str]) -> None:

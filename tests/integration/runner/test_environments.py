@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -295,6 +296,31 @@ def test_a_build_over_its_bound_is_stopped_as_the_jobs_fault_and_flushes_nothing
     # Its out of disk was the build's own doing: the other team's environment stays.
     assert cache.path(other.key).resolve() == other_target
     assert (other_target / MARKER).is_file()
+
+
+# An installer that starts a process in a session of its own (out of its process group,
+# so not killed with it) which holds the output pipe open, says its pid, and hangs.
+ESCAPES = """
+import subprocess, sys, time
+left = subprocess.Popen(
+    [sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True
+)
+print(f"left running: {left.pid}", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_command_timed_out_is_not_waited_for_past_what_left_its_group(
+    tmp_path: Path,
+) -> None:
+    cache = EnvironmentCache(tmp_path / "envs", BASE, timeout=1.0)
+    argv = [sys.executable, "-c", ESCAPES]
+    with pytest.raises(EnvironmentBuildError) as raised:
+        cache._run(argv, "creating the virtual environment")
+    message = str(raised.value)
+    left = int(message.split("left running: ")[1].split()[0])
+    os.kill(left, signal.SIGKILL)
+    assert message.startswith("creating the virtual environment timed out after 1 s")
 
 
 def test_everything_is_readable_by_other_users(tmp_path: Path) -> None:
