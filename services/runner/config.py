@@ -101,7 +101,8 @@ class Settings(GuardedServiceSettings):
     ``job_disk_check_seconds``: a build over it is stopped, removed and fails its job as
     ``user_error`` (``environments``, "A build's own bound"); the requirements are a
     tenant's, and one that unpacks to a huge size would otherwise fill the node's disk.
-    0: no bound."""
+    The installer's own cache is not measured, where uv unpacks the wheels first
+    (``environments``, "A build's own bound"). 0: no bound."""
     job_uid_base: int = Field(default_factory=lambda: 0, ge=0)
     """First uid of this node's job users (a runner started as root runs each job as
     ``job_uid_base + slot``); 0: derived from the node id, in 200000-263999 (the next free

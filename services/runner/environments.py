@@ -107,7 +107,12 @@ process group), its folder removed, nothing published, and fails with a
 command said (out of disk included). A build that runs out of disk (:func:`out_of_space`)
 within its bound removes every environment no job is in and, when that removed any, is
 tried once more: the cache gives up its disk before a job fails for it; what fails again
-fails as it would have.
+fails as it would have. Not covered: the installer's own cache. uv unpacks each wheel into
+it (``UV_CACHE_DIR``) before it links the files into the environment, so with uv a wheel
+that unpacks to more than the disk has free fills the disk there, before the environment
+grows: that build fails out of disk within its bound, and so removes the cached
+environments no job is in (pip unpacks into the environment itself). So does any build
+within its bound on a disk with less than that bound free.
 
 **Concurrency.** Resolves of the same key, from threads or from other runner processes on
 the same ``root``, build once: the builder holds ``fcntl.flock(LOCK_EX)`` on
