@@ -700,6 +700,23 @@ async def _close(nc: NatsClient) -> None:
             "dropped",
             error_text(exc),
         )
+    await _end_reconnecting(nc)
+
+
+async def _end_reconnecting(nc: NatsClient) -> None:
+    """See that the client's task trying to reconnect has ended once it is closed. Its close
+    cancels that task once and waits at most ``reconnect_time_wait`` (2 s) for it; a
+    cancellation that comes as a try to connect completes can be lost inside it (Python
+    3.11's ``wait_for``), and the task then tried again every 2 s for ever: a test's event
+    loop never closed, seen under load, and a service's stop during an outage would wait
+    for its kill. Cancelled again until it ends, for at most ``CLOSE_TIMEOUT_S``."""
+    reconnecting: asyncio.Task[None] | None = getattr(nc, "_reconnection_task", None)
+    for _ in range(int(CLOSE_TIMEOUT_S * 10)):
+        if reconnecting is None or reconnecting.done():
+            return
+        reconnecting.cancel()
+        await asyncio.wait({reconnecting}, timeout=0.1)
+    log.warning("NATS (TRAINYARD_NATS_URL): the client's try to reconnect did not end on closing")
 
 
 def _raised_in(exc: BaseException, package: str) -> bool:

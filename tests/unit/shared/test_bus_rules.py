@@ -620,3 +620,36 @@ async def test_a_store_that_keeps_failing_or_another_server_error_is_raised(
     with pytest.raises(nats.js.errors.ServerError):
         await bus_on(other, monkeypatch).ensure_streams()
     assert other.added == []
+
+
+async def test_a_closed_connections_try_to_reconnect_is_cancelled_until_it_ends() -> None:
+    # The client cancels its reconnecting task once on close; a cancellation lost inside a
+    # try to connect left the task trying every 2 s for ever (an event loop that never
+    # closed, under load). Here the task loses the first two cancellations.
+    lost = 0
+
+    async def reconnecting() -> None:
+        nonlocal lost
+        while True:
+            try:
+                await asyncio.sleep(2)
+            except asyncio.CancelledError:
+                if lost < 2:
+                    lost += 1
+                    continue
+                raise
+
+    class Closed:
+        is_connected = False
+
+        def __init__(self) -> None:
+            self._reconnection_task = asyncio.create_task(reconnecting())
+
+        async def close(self) -> None:
+            self._reconnection_task.cancel()  # once, as the client does
+            await asyncio.sleep(0)
+
+    client = Closed()
+    await asyncio.sleep(0)  # the task is running
+    await bus_module._close(client)  # type: ignore[arg-type]
+    assert client._reconnection_task.done() and lost == 2
