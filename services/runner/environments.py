@@ -187,9 +187,6 @@ from trainyard_platform.services.runner.wheels import (
     fetch_wheel,
     refuse_direct_references,
 )
-from trainyard_platform.services.runner.wheels import (
-    TIMEOUT_S as WHEEL_READ_TIMEOUT_S,
-)
 from trainyard_platform.shared.requirements import (
     WHEEL_URL,
     requirement_problem,
@@ -882,8 +879,8 @@ class EnvironmentCache:
                     own,
                     self.fetch_allowed,
                     max_bytes=bytes_left,
-                    # A launch's deadline stops the download too, as the installer's.
-                    timeout=max(0.1, cap_timeout(WHEEL_READ_TIMEOUT_S)),
+                    # A launch's deadline stops the download too, as the installer's: each
+                    # socket operation waits at most what is left of it (``wheels``).
                     deadline=cap_timeout(left),
                 )
                 refuse_direct_references(path)
