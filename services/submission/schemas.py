@@ -420,7 +420,9 @@ class JobRequest(BaseModel):
     seed: Annotated[int, Field(ge=0, le=MAX_SEED)] = 0
     """The seed the job's RNGs start from (``TRAINYARD_SEED``)."""
     max_runtime_seconds: Annotated[int, Field(ge=1, le=MAX_JOB_RUNTIME_SECONDS)] = 3600
-    """The job is stopped (FAILED, ``max_runtime``) after running this long."""
+    """The job is stopped (FAILED, ``max_runtime``) this long after its GPUs were granted,
+    its preparation (code fetched, environment built) included; the platform's own waits
+    are not counted (docs/job-spec.md, "max_runtime_seconds")."""
     dataset: (
         Annotated[str, Field(min_length=1, max_length=1000), AfterValidator(_one_line)] | None
     ) = None
